@@ -1,0 +1,1 @@
+"""A staged post-training pipeline for small language models (SFT, mid-training, ...)."""

@@ -1,0 +1,223 @@
+"""Config schemas for a run and its stages; recipe loading, dotted overrides and validation.
+
+A recipe (`recipes/NAME.yaml`) is a small delta over the defaults below. Overrides are dotted
+`key=value` arguments applied after the recipe. OmegaConf struct mode refuses unknown keys; every
+error here is a `ConfigError` with a one-line message naming the key, raised before any model loads.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES_DIR = ROOT / "recipes"
+MIXTURES_DIR = ROOT / "data_mixtures"
+
+
+class ConfigError(ValueError):
+    """Bad configuration or input: the run stops with exit code 2 before any heavy work."""
+
+
+@dataclass
+class LoraConfig:
+    r: int = 0  # 0 disables LoRA (full fine-tuning)
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: str = "all-linear"
+
+
+@dataclass
+class TrainConfig:
+    """Settings of a TRL SFTTrainer stage; `sft` and `midtrain` share this schema and code path."""
+
+    mixture: str = ""  # data_mixtures/NAME.yaml or a path to a mixture YAML
+    format: str = "chat"  # chat: `messages` with assistant-only loss; text: plain documents
+    learning_rate: float = 2e-5
+    lr_scheduler_type: str = "cosine_with_min_lr"
+    min_lr_rate: float = 0.1
+    warmup_ratio: float = 0.03
+    max_grad_norm: float = 0.2
+    weight_decay: float = 0.0
+    num_train_epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides num_train_epochs
+    per_device_train_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    max_length: int = 2048
+    packing: bool = True
+    packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped
+    padding_free: bool = False
+    assistant_only_loss: bool = True
+    activation_checkpointing: bool = True  # saves memory on large models; turn off for tiny ones
+    logging_steps: int = 10
+    save_steps: int = 500
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+def _midtrain_defaults() -> TrainConfig:
+    return TrainConfig(format="text", packing_strategy="wrapped", assistant_only_loss=False)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "HuggingFaceTB/SmolLM3-3B-Base"  # Hub id, local checkpoint, or `tiny`
+    tokenizer: str = ""  # defaults to name_or_path
+    chat_template: str = ""  # path to a Jinja template; empty keeps the tokenizer's
+    precision: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | bf16 | fp32
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+
+
+@dataclass
+class TinyConfig:
+    """The embedded tiny setup: synthetic GSM8K-style data, a local tokenizer and a tiny model."""
+
+    seed: int = 0
+    sft_examples: int = 4000
+    midtrain_examples: int = 4000
+    general_examples: int = 4000
+    pretrain_examples: int = 6000
+    test_examples: int = 200
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    pretrain_steps: int = 300
+    pretrain_batch_size: int = 16
+    pretrain_max_length: int = 256
+    pretrain_learning_rate: float = 2e-3
+
+
+@dataclass
+class RunConfig:
+    recipe: str = "tiny"
+    run_name: str = ""  # defaults to the recipe name
+    output_root: str = "runs"
+    cache_dir: str = ""  # tokenised data and tiny base models; defaults to <output_root>/.cache
+    stages: list[str] = field(default_factory=lambda: ["sft", "midtrain"])
+    redo: list[str] = field(default_factory=list)
+    seed: int = 42
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tiny: TinyConfig = field(default_factory=TinyConfig)
+    sft: TrainConfig = field(default_factory=TrainConfig)
+    midtrain: TrainConfig = field(default_factory=_midtrain_defaults)
+
+
+STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type == "TrainConfig")
+CHOICES = {
+    "format": ("chat", "text"),
+    "packing_strategy": ("bfd", "bfd_split", "wrapped"),
+    "precision": ("auto", "bf16", "fp32"),
+}
+
+
+def available_recipes() -> list[str]:
+    """Names of the shipped recipes (`recipes/*.yaml`)."""
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def _suggest(cfg: DictConfig, full_key: str) -> str:
+    parent_key, _, leaf = full_key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    keys = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
+    close = difflib.get_close_matches(leaf, keys, n=1)
+    return f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(keys)}"
+
+
+def explain_error(cfg: DictConfig, err: OmegaConfBaseException, where: str) -> ConfigError:
+    key = err.full_key or "?"
+    if isinstance(err, (ConfigKeyError, ConfigAttributeError)):
+        return ConfigError(f"unknown config key '{key}' in {where}{_suggest(cfg, key)}")
+    msg = str(err).splitlines()[0]
+    return ConfigError(f"bad value for '{key}' in {where}: {msg}")
+
+
+def _apply(cfg: DictConfig, key: str, value: Any, where: str) -> None:
+    try:
+        OmegaConf.update(cfg, key, value, merge=True)
+    except OmegaConfBaseException as err:
+        if not err.full_key:
+            err.full_key = key
+        raise explain_error(cfg, err, where) from None
+
+
+def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(node, dict) and node:
+        return [kv for k, v in node.items() for kv in _flatten(v, f"{prefix}{k}.")]
+    return [(prefix[:-1], node)]
+
+
+def load_config(argv: list[str]) -> DictConfig:
+    """Resolve `recipe=NAME key=value ...` into a validated, read-only run config."""
+    overrides = []
+    for arg in argv:
+        if "=" not in arg:
+            raise ConfigError(f"argument '{arg}' is not key=value (e.g. recipe=tiny sft.learning_rate=1e-4)")
+        overrides.append(arg.split("=", 1))
+    recipe = next((v for k, v in overrides if k == "recipe"), "tiny")
+    path = RECIPES_DIR / f"{recipe}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown recipe '{recipe}'; available: {', '.join(available_recipes())}")
+    cfg = OmegaConf.structured(RunConfig)
+    OmegaConf.set_struct(cfg, True)
+    try:
+        delta = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as err:  # noqa: BLE001 - YAML parser errors come in many types
+        raise ConfigError(f"cannot parse recipe {path}: {err}") from None
+    for key, value in _flatten(delta or {}):
+        _apply(cfg, key, value, f"recipe {path.name}")
+    cfg.recipe = recipe
+    for key, raw in overrides:
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"x={raw}"]))["x"]
+        _apply(cfg, key, value, "command line")
+    if not cfg.run_name:
+        cfg.run_name = recipe
+    validate(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check what the schema types cannot: stage names, choices, numeric ranges."""
+    if not cfg.stages:
+        raise ConfigError("'stages' is empty: list at least one of " + ", ".join(STAGE_KINDS))
+    for name in list(cfg.stages) + list(cfg.redo):
+        if name not in STAGE_KINDS:
+            close = difflib.get_close_matches(name, STAGE_KINDS, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown stage '{name}'{hint} (available: {', '.join(STAGE_KINDS)})")
+    if len(set(cfg.stages)) != len(cfg.stages):
+        raise ConfigError(f"'stages' lists a stage twice: {list(cfg.stages)}")
+    for key, allowed in CHOICES.items():
+        for section in ("model", *STAGE_KINDS):
+            value = cfg[section].get(key)
+            if value is not None and value not in allowed:
+                raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")
+    for name in cfg.stages:
+        stage = cfg[name]
+        if not stage.mixture:
+            raise ConfigError(f"'{name}.mixture' is empty: name a data mixture (data_mixtures/*.yaml)")
+        for key in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length"):
+            if stage[key] <= 0:
+                raise ConfigError(f"'{name}.{key}' must be > 0, got {stage[key]}")
+        if stage.max_steps <= 0 and stage.num_train_epochs <= 0:
+            raise ConfigError(f"'{name}': set max_steps > 0 or num_train_epochs > 0")
+        if stage.assistant_only_loss and stage.format != "chat":
+            raise ConfigError(f"'{name}.assistant_only_loss' needs format=chat")
+
+
+def cache_dir(cfg: DictConfig) -> Path:
+    """Where tokenised data and tiny base models are cached for this config."""
+    return Path(cfg.cache_dir or Path(cfg.output_root) / ".cache")
+
+
+def stage_section(cfg: DictConfig, name: str) -> dict:
+    """A stage's config as a plain dict (for fingerprints and stage.json)."""
+    return OmegaConf.to_container(cfg[name], resolve=True)

@@ -1,0 +1,99 @@
+"""Atomic file and folder writes, and content fingerprints.
+
+A crash must never leave a half-written file or checkpoint under its final name: everything is
+written to a temporary name in the same folder, fsynced, then renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically (temp file, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write `obj` as indented JSON to `path` atomically."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in `path`, or None when the file is absent or unreadable."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def commit_dir(tmp: Path, path: Path) -> None:
+    """Fsync every file under the finished folder `tmp`, then rename it to `path` (replacing it)."""
+    tmp, path = Path(tmp), Path(path)
+    for file in tmp.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as fh:
+                os.fsync(fh.fileno())
+    old = path.with_name(f".{path.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield a temporary folder beside `path`; on success commit it to `path` (see `commit_dir`).
+
+    On error the temporary folder is removed and `path` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        commit_dir(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint(obj: Any) -> str:
+    """A short stable hash of a JSON-serialisable object."""
+    blob = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,64 @@
+"""The run manifest: code version, package versions, hardware, data fingerprints and seeds."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.config import ROOT
+
+PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "deepspeed", "lm_eval", "omegaconf")
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def code_version() -> dict:
+    """The git commit of the pipeline code and whether the work tree had uncommitted changes."""
+    return {"git_commit": _git("rev-parse", "HEAD") or None, "git_dirty": bool(_git("status", "--porcelain"))}
+
+
+def package_versions() -> dict:
+    """Installed versions of the libraries the pipeline runs on."""
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name.replace("_", "-"))
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def hardware() -> dict:
+    """Host, CPU count and accelerators visible to this process."""
+    import torch
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"host": platform.node(), "platform": platform.platform(), "python": sys.version.split()[0],
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpus": gpus,
+            "world_size": int(os.environ.get("WORLD_SIZE", 1))}
+
+
+def build(cfg, argv: list[str], data: dict, run_dir: Path) -> dict:
+    """The manifest of one invocation of the pipeline on `run_dir`."""
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": argv,
+        "recipe": cfg.recipe,
+        "run_dir": str(run_dir),
+        "code": code_version(),
+        "packages": package_versions(),
+        "hardware": hardware(),
+        "seeds": {"run": cfg.seed, "tiny": cfg.tiny.seed},
+        "data": data,
+    }

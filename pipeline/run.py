@@ -1,0 +1,35 @@
+"""Entry point: `accelerate launch pipeline/run.py recipe=NAME [key=value ...]`.
+
+Exit codes: 0 every stage passed; 2 bad config or bad input; anything else is a crash, and
+rerunning the same command resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
+
+from pipeline.config import ConfigError, load_config  # noqa: E402
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the recipe and overrides, then run the chain; return the process exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = load_config(argv)
+        from pipeline.orchestrator import run_pipeline
+
+        return run_pipeline(cfg, argv)
+    except ConfigError as err:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

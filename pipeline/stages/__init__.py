@@ -1,0 +1,7 @@
+"""Stage kinds: a plain dict from kind to its entry function `run(ctx) -> metrics`."""
+
+from __future__ import annotations
+
+from pipeline.stages import sft
+
+STAGES = {"sft": sft.run, "midtrain": sft.run}

@@ -1,0 +1,169 @@
+"""The one causal-LM training path: TRL's SFTTrainer for SFT, mid-training and tiny pretraining.
+
+`format: chat` trains on `messages` through the tokenizer's chat template with assistant-only loss
+and packing; `format: text` tokenises documents itself (chat rows rendered through the template),
+ends each with EOS and packs them with the `wrapped` strategy. LoRA trains an adapter and saves a
+merged full checkpoint. The final checkpoint is written atomically, then handed to the next stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import PartialState
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
+from trl import SFTConfig, SFTTrainer
+
+from pipeline.config import ConfigError
+from pipeline.files import commit_dir
+
+log = logging.getLogger("pipeline")
+
+
+def use_bf16(precision: str) -> bool:
+    """Whether to train in bf16: `auto` picks it on GPUs that support it, fp32 elsewhere."""
+    if precision == "fp32":
+        return False
+    has_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if precision == "bf16" and not has_bf16:
+        raise ConfigError("model.precision=bf16 but this machine has no bf16-capable GPU; use auto or fp32")
+    return has_bf16
+
+
+def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
+    """Load a tokenizer; check it has a chat template (with generation markers) when one is needed."""
+    tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer or path, trust_remote_code=model_cfg.trust_remote_code)
+    if model_cfg.chat_template:
+        tok.chat_template = Path(model_cfg.chat_template).read_text(encoding="utf-8")
+    if need_template and not tok.chat_template:
+        raise ConfigError(f"tokenizer of {path} has no chat template; set model.chat_template to a Jinja file")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tokenise_text(dataset: Any, tok: Any) -> Any:
+    """Documents (`text`) as `input_ids` ending in EOS, ready for wrapped packing."""
+    def encode(row: dict) -> dict:
+        return {"input_ids": tok(row["text"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]}
+
+    return dataset.map(encode, remove_columns=dataset.column_names)
+
+
+def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
+    """Refuse data that cannot feed this stage's format, before the model loads."""
+    cols = set(dataset.column_names)
+    if stage.format == "chat" and "messages" not in cols:
+        raise ConfigError(f"stage '{name}' (format chat) needs a `messages` column; its mixture gives {sorted(cols)}")
+    if stage.format == "text" and "text" not in cols:
+        raise ConfigError(f"stage '{name}' (format text) needs `text` or `messages`; its mixture gives {sorted(cols)}")
+    if stage.assistant_only_loss and "generation" not in (tok.chat_template or ""):
+        raise ConfigError(f"stage '{name}': assistant_only_loss needs a chat template with "
+                          "{% generation %} markers around assistant turns")
+
+
+def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig:
+    """TRL arguments from a stage config (bf16 on capable GPUs, CPU-safe defaults otherwise)."""
+    wrapped = stage.packing and stage.packing_strategy == "wrapped"
+    return SFTConfig(
+        output_dir=str(work_dir),
+        learning_rate=stage.learning_rate,
+        lr_scheduler_type=stage.lr_scheduler_type,
+        lr_scheduler_kwargs={"min_lr_rate": stage.min_lr_rate} if "min_lr" in stage.lr_scheduler_type else None,
+        warmup_steps=stage.warmup_ratio,
+        max_grad_norm=stage.max_grad_norm,
+        weight_decay=stage.weight_decay,
+        num_train_epochs=stage.num_train_epochs,
+        max_steps=stage.max_steps,
+        per_device_train_batch_size=stage.per_device_train_batch_size,
+        gradient_accumulation_steps=stage.gradient_accumulation_steps,
+        max_length=stage.max_length,
+        packing=stage.packing,
+        packing_strategy=stage.packing_strategy,
+        padding_free=stage.padding_free and not wrapped,
+        assistant_only_loss=stage.assistant_only_loss,
+        activation_checkpointing=stage.activation_checkpointing,
+        logging_steps=stage.logging_steps,
+        logging_first_step=True,
+        save_steps=stage.save_steps,
+        save_total_limit=2,
+        seed=seed,
+        bf16=use_bf16(precision),
+        use_cpu=not torch.cuda.is_available(),
+        include_num_input_tokens_seen="non_padding",
+        report_to="none",
+        disable_tqdm=True,
+    )
+
+
+def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int) -> dict:
+    """Train `model_path` on `dataset`; write the result to `stage_dir/model` atomically; return metrics.
+
+    Intermediate checkpoints go to `stage_dir/work`; if one exists the run resumes from it.
+    Runs collectively on every rank; only the main process writes the final checkpoint.
+    """
+    state = PartialState()
+    started = time.time()
+    check_columns(dataset, stage, tok, stage_dir.name)
+    if stage.format == "text":
+        dataset = tokenise_text(dataset, tok)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.bfloat16 if use_bf16(model_cfg.precision) else torch.float32,
+        attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
+    peft_config = None
+    if stage.lora.r > 0:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=stage.lora.r, lora_alpha=stage.lora.alpha, lora_dropout=stage.lora.dropout,
+                                 target_modules=stage.lora.target_modules, task_type="CAUSAL_LM")
+    work_dir = stage_dir / "work"
+    trainer = SFTTrainer(model=model, args=sft_args(stage, work_dir, seed, model_cfg.precision),
+                         train_dataset=dataset, processing_class=tok, peft_config=peft_config)
+    resume = get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
+    if resume:
+        log.info("resuming %s from %s", stage_dir.name, resume)
+    result = trainer.train(resume_from_checkpoint=resume)
+    runtime = result.metrics.get("train_runtime", 0.0)
+    _save(trainer, tok, stage_dir / "model", merge_lora=peft_config is not None)
+    losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    if state.is_main_process:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    state.wait_for_everyone()
+    return {
+        "steps": trainer.state.global_step,
+        "loss_first": losses[0][1] if losses else None,
+        "loss_last": losses[-1][1] if losses else None,
+        "train_loss": result.training_loss,
+        "losses": losses,
+        "tokens": int(trainer.state.num_input_tokens_seen),
+        "train_runtime_s": round(runtime, 2),
+        "tokens_per_s": round(trainer.state.num_input_tokens_seen / max(runtime, 1e-9), 1),
+        "resumed_from": resume,
+        "wall_time_s": round(time.time() - started, 2),
+    }
+
+
+def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:
+    """Write a full, plain HF checkpoint to `out` atomically (all ranks call; main writes)."""
+    state = PartialState()
+    tmp = out.with_name(f".{out.name}.tmp")
+    if state.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    state.wait_for_everyone()
+    if merge_lora:
+        if state.is_main_process:
+            merged = trainer.model.merge_and_unload()
+            merged.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+    else:
+        trainer.save_model(str(tmp))
+    if state.is_main_process:
+        (tmp / "training_args.bin").unlink(missing_ok=True)
+        commit_dir(tmp, out)
+    state.wait_for_everyone()
