@@ -4,10 +4,11 @@ A mixture (`data_mixtures/NAME.yaml`) lists sources. Each source is a local file
 (`path`: .jsonl, .json or .parquet), a Hub dataset (`hub`, `name`, `split`, `revision`) or a
 built-in generator (`generator: tiny`, `split`). `columns` maps a target field to a source
 column; targets are `messages`, `text`, `prompt`, `chosen`, `rejected`, `answer`, and `user` /
-`assistant` / `system` (a single-turn chat built into `messages`). Unmapped targets are taken from
-a column of the same name when there is one. `weight` <= 1 takes that fraction of the source's
-rows, > 1 that many rows (cycling if the source is smaller). Rows are shuffled with the mixture
-seed after mixing.
+`assistant` / `system` (a single-turn chat built into `messages`), and `chat_template_kwargs`
+(per-row template switches such as SmolLM3's think / no_think, passed to the chat template).
+Unmapped targets are taken from a column of the same name when there is one. `weight` <= 1 takes
+that fraction of the source's rows, > 1 that many rows (cycling if the source is smaller). Rows are
+shuffled with the mixture seed after mixing.
 
 Relative paths resolve against the current directory (the repository root for the shipped
 mixtures). Every malformed row is a `ConfigError` naming the file and line.
@@ -27,7 +28,8 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.config import MIXTURES_DIR, ConfigError, cache_dir, explain_error
 from pipeline.files import sha256_file
 
-TARGETS = ("messages", "text", "prompt", "chosen", "rejected", "answer", "user", "assistant", "system")
+TARGETS = ("messages", "text", "prompt", "chosen", "rejected", "answer", "user", "assistant", "system",
+           "chat_template_kwargs")
 ROLES = ("system", "user", "assistant", "tool")
 GENERATORS = ("tiny",)
 
@@ -190,7 +192,7 @@ def _subsample(ds: Any, weight: float, seed: int) -> Any:
     return order.select([i % n for i in range(count)])
 
 
-def load_mixture(name: str, cfg: DictConfig, render: Callable[[list], str] | None = None):
+def load_mixture(name: str, cfg: DictConfig, render: Callable[[dict], str] | None = None):
     """Load, normalise, weight and shuffle a mixture into one `datasets.Dataset`.
 
     With `render` (a chat template), chat rows become `text` so chat and plain sources can mix.
@@ -213,7 +215,7 @@ def load_mixture(name: str, cfg: DictConfig, render: Callable[[list], str] | Non
             ds = raw.map(_normalise_indexed, with_indices=True, remove_columns=raw.column_names,
                          fn_kwargs={"columns": columns, "label": label})
         if render is not None and "messages" in ds.column_names:
-            ds = ds.map(lambda r: {"text": render(r["messages"])}, remove_columns=ds.column_names)
+            ds = ds.map(lambda r: {"text": render(r)}, remove_columns=ds.column_names)
         parts.append(_subsample(ds, src.weight, spec.seed + i))
     names = [sorted(p.column_names) for p in parts]
     if any(n != names[0] for n in names):

@@ -10,6 +10,7 @@ stage after it. Every rank plans the same way; only the main process writes run 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 import time
@@ -117,6 +118,8 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     from pipeline.stage import StageContext
     from pipeline.stages import STAGES
 
+    if not torch.cuda.is_available():  # accelerate launch pins CPU runs to 1 thread; share the cores instead
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     state = PartialState(cpu=not torch.cuda.is_available())
     root = run_dir(cfg)
     main = state.is_main_process
@@ -141,7 +144,8 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
             log.info("%s: %s from %s", label, "resuming" if s.action == "resume" else "training", model)
             t0 = time.time()
             record = {"stage": s.name, "index": s.index, "fingerprint": s.fingerprint, "upstream": upstream,
-                      "config": stage_section(cfg, s.name), "data": s.data, "input_model": str(model)}
+                      "config": stage_section(cfg, s.name), "data": s.data, "input_model": str(model),
+                      "world_size": state.num_processes}
             if main:
                 if s.action == "train":
                     shutil.rmtree(s.dir, ignore_errors=True)

@@ -12,6 +12,7 @@ def run(ctx: StageContext) -> dict:
     tok = load_tokenizer(ctx.input_model, ctx.cfg.model, need_template=ctx.stage.format == "chat")
     render = None
     if ctx.stage.format == "text" and tok.chat_template:
-        render = lambda messages: tok.apply_chat_template(messages, tokenize=False)  # noqa: E731
+        def render(row: dict) -> str:
+            return tok.apply_chat_template(row["messages"], tokenize=False, **(row.get("chat_template_kwargs") or {}))
     dataset = load_mixture(ctx.stage.mixture, ctx.cfg, render)
     return train(ctx.stage, ctx.cfg.model, ctx.input_model, tok, dataset, ctx.stage_dir, ctx.cfg.seed)

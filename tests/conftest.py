@@ -1,0 +1,36 @@
+"""Shared fixtures: offline Hub, a tiny-recipe runner on the real CLI, one cache for all tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# A smaller tiny setup than the recipe's, so end-to-end tests take seconds per stage.
+FAST = [
+    "tiny.pretrain_steps=60", "tiny.pretrain_examples=1500", "tiny.sft_examples=600",
+    "tiny.midtrain_examples=400", "tiny.general_examples=200", "tiny.test_examples=50",
+    "sft.max_steps=30", "midtrain.max_steps=20", "sft.logging_steps=5", "midtrain.logging_steps=5",
+]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One cache (synthetic data, tiny base model) shared by every test of the session."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def run_cli(*args: str, launcher: list[str] | None = None, env: dict | None = None,
+            timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run `pipeline/run.py` in a subprocess (optionally under a launcher) and capture its output."""
+    cmd = [*(launcher or [sys.executable]), str(ROOT / "pipeline" / "run.py"), *args]
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)

@@ -1,0 +1,75 @@
+"""Config errors are one clear line, exit code 2, before any model (or torch) loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from pipeline.config import STAGE_KINDS, ConfigError, available_recipes, load_config
+from pipeline.data import load_spec
+
+CASES = [
+    (["sft.learnin_rate=3e-4"], "unknown config key 'sft.learnin_rate'", "did you mean 'learning_rate'"),
+    (["recipe=nope"], "unknown recipe 'nope'", "available: "),
+    (["sft.learning_rate=fast"], "bad value for 'sft.learning_rate'", "Float"),
+    (["stages=[sft,dpx]"], "unknown stage 'dpx'", "available: sft, midtrain"),
+    (["stages=[]"], "'stages' is empty", "sft"),
+    (["redo=[sfft]"], "unknown stage 'sfft'", "did you mean 'sft'"),
+    (["modle.name_or_path=x"], "unknown config key 'modle'", "did you mean 'model'"),
+    (["sft.packing_strategy=best"], "'sft.packing_strategy' is 'best'", "bfd"),
+    (["sft.max_length=0"], "'sft.max_length' must be > 0", ""),
+    (["oops"], "not key=value", ""),
+]
+
+
+@pytest.mark.parametrize(("argv", "first", "second"), CASES)
+def test_bad_config_is_one_clear_error(argv, first, second):
+    with pytest.raises(ConfigError) as err:
+        load_config(argv)
+    message = str(err.value)
+    assert first in message and second in message
+    assert "\n" not in message
+
+
+def test_cli_exits_2_before_torch_is_imported():
+    code = (
+        "import sys; from pipeline.run import main; rc = main(['sft.learnin_rate=3e-4']); "
+        "assert 'torch' not in sys.modules, 'torch imported before the config error'; sys.exit(rc)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["error: unknown config key 'sft.learnin_rate' in command line; did you mean 'learning_rate'?"]
+
+
+@pytest.mark.parametrize("recipe", available_recipes())
+def test_every_shipped_recipe_and_its_mixtures_validate(recipe):
+    cfg = load_config([f"recipe={recipe}"])
+    assert cfg.run_name == recipe
+    for stage in cfg.stages:
+        assert stage in STAGE_KINDS
+        assert load_spec(cfg[stage].mixture).sources
+
+
+def test_every_shipped_mixture_parses():
+    for path in sorted((ROOT / "data_mixtures").glob("*.yaml")):
+        assert load_spec(str(path)).sources, path
+
+
+def test_overrides_apply_and_config_is_read_only():
+    cfg = load_config(["recipe=tiny", "sft.learning_rate=3e-4", "stages=[sft]", "run_name=try2"])
+    assert cfg.sft.learning_rate == pytest.approx(3e-4)
+    assert list(cfg.stages) == ["sft"] and cfg.run_name == "try2"
+    with pytest.raises(Exception):  # noqa: B017 - omegaconf raises its own read-only error type
+        cfg.sft.learning_rate = 1.0
+
+
+def test_smol_recipe_has_published_settings():
+    cfg = load_config(["recipe=smol"])
+    assert cfg.model.name_or_path == "HuggingFaceTB/SmolLM3-3B-Base"
+    assert cfg.sft.learning_rate == pytest.approx(2e-5) and cfg.sft.lr_scheduler_type == "cosine_with_min_lr"
+    assert cfg.sft.assistant_only_loss and cfg.midtrain.packing_strategy == "wrapped"
+    assert list(load_config(["recipe=smollm3"]).stages) == ["midtrain", "sft"]

@@ -1,0 +1,95 @@
+"""Data mixtures: local GSM8K through a column map, weights, and clear errors on bad rows."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from omegaconf import OmegaConf
+
+from pipeline.config import ConfigError, load_config
+from pipeline.data import fingerprints, load_mixture, normalise
+from pipeline.tiny import build_splits
+
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+
+
+def _cfg(tmp_path: Path):
+    return load_config(["recipe=tiny", f"output_root={tmp_path}"])
+
+
+def _mixture(tmp_path: Path, sources: list[dict]) -> str:
+    path = tmp_path / "mix.yaml"
+    path.write_text(OmegaConf.to_yaml({"sources": sources}))
+    return str(path)
+
+
+@pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/data/gsm8k is not beside this checkout")
+def test_gsm8k_loads_through_the_shipped_mixture(tmp_path):
+    ds = load_mixture("gsm8k", _cfg(tmp_path))
+    assert len(ds) == 7473 and ds.column_names == ["messages"]
+    roles = [m["role"] for m in ds[0]["messages"]]
+    assert roles == ["user", "assistant"]
+    assert re.search(r"\n#### -?[\d,.]+$", ds[0]["messages"][1]["content"])
+    (fp,) = fingerprints("gsm8k", _cfg(tmp_path))
+    assert len(fp["sha256"]) == 64
+
+
+def test_weights_take_fractions_and_counts(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(10)))
+    mix = _mixture(tmp_path, [{"path": str(rows), "weight": 0.5}, {"path": str(rows), "weight": 13}])
+    ds = load_mixture(mix, _cfg(tmp_path))
+    assert len(ds) == 5 + 13
+
+
+@pytest.mark.parametrize(("content", "columns", "expected"), [
+    ('{"text": "ok"}\n{"text": broken\n', {}, r"rows\.jsonl:2: malformed JSON line"),
+    ('{"q": "a"}\n', {"user": "question", "assistant": "q"}, r"rows\.jsonl:1: row has no column 'question'"),
+    ('{"messages": [{"role": "wizard", "content": "hi"}]}\n', {}, r"rows\.jsonl:1: unknown message role 'wizard'"),
+    ('{"prompt": "p", "chosen": "same", "rejected": "same"}\n', {}, r"rows\.jsonl:1: .*chosen equal to rejected"),
+    ("\n\n", {}, r"dataset .*rows\.jsonl is empty"),
+])
+def test_bad_rows_name_file_and_line(tmp_path, content, columns, expected):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(content)
+    mix = _mixture(tmp_path, [{"path": str(rows), "columns": columns}])
+    with pytest.raises(ConfigError, match=expected):
+        load_mixture(mix, _cfg(tmp_path))
+
+
+def test_missing_file_and_unknown_mixture_key(tmp_path):
+    mix = _mixture(tmp_path, [{"path": str(tmp_path / "absent.jsonl")}])
+    with pytest.raises(ConfigError, match="dataset file not found"):
+        fingerprints(mix, _cfg(tmp_path))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources:\n  - path: x.jsonl\n    colums: {}\n")
+    with pytest.raises(ConfigError, match="unknown config key .*colums"):
+        fingerprints(str(bad), _cfg(tmp_path))
+
+
+def test_user_assistant_columns_build_a_chat():
+    row = normalise({"question": "q?", "answer": "a"}, {"user": "question", "assistant": "answer"}, "x")
+    assert row == {"messages": [{"role": "user", "content": "q?"}, {"role": "assistant", "content": "a"}]}
+
+
+def test_tiny_splits_follow_gsm8k_format_and_test_is_disjoint():
+    params = {"seed": 3, "sft_examples": 300, "midtrain_examples": 200, "general_examples": 10,
+              "pretrain_examples": 30, "test_examples": 50}
+    splits = build_splits(params)
+    assert splits == build_splits(params)  # seeded
+    test_q = {r["question"] for r in splits["test"]}
+    train_q = {r["messages"][0]["content"] for k in ("sft", "reasoning") for r in splits[k]}
+    train_q |= {r["prompt"][0]["content"] for k in ("prefs", "rl") for r in splits[k]}
+    assert len(test_q) == 50 and not test_q & train_q
+    for row in splits["test"]:
+        *steps, final = row["answer"].split("\n")
+        assert 1 <= len(steps) <= 3 and re.fullmatch(r"#### -?\d+", final)
+        for step in steps:
+            a, op, b, c = re.search(r"<<(\d+)([-+*])(\d+)=(-?\d+)>>", step).groups()
+            assert eval(f"{a}{op}{b}") == int(c)  # noqa: S307 - digits and one operator, checked by the regex
+    for pair in splits["prefs"]:
+        assert pair["chosen"][0]["content"].split("#### ")[1] != pair["rejected"][0]["content"].split("#### ")[1]
