@@ -1,0 +1,119 @@
+"""The tiny recipe end to end through the real CLI: training, handoff, run folder, resume, refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST, run_cli
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+pytestmark = pytest.mark.slow
+
+
+def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def _changed(a: dict, b: dict) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, cache_dir):
+    out = tmp_path_factory.mktemp("runs")
+    args = ["recipe=tiny", f"output_root={out}", f"cache_dir={cache_dir}", *FAST]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "tiny", args
+
+
+def test_run_folder_matches_the_contract(tiny_run):
+    run, _ = tiny_run
+    for name in ("resolved.yaml", "manifest.json", "pipeline.log"):
+        assert (run / name).is_file(), name
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert {"code", "packages", "hardware", "data", "seeds"} <= set(manifest)
+    assert manifest["packages"]["trl"] and set(manifest["data"]) == {"sft", "midtrain"}
+    assert sorted(p.name for p in (run / "stages").iterdir()) == ["01-sft", "02-midtrain"]
+    for stage in ("01-sft", "02-midtrain"):
+        files = {p.name for p in (run / "stages" / stage / "model").iterdir()}
+        assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= files
+        assert not [p for p in (run / "stages" / stage).iterdir() if p.name.startswith(".")]  # no temp leftovers
+
+
+def test_each_stage_trained_and_handed_off(tiny_run, cache_dir):
+    run, _ = tiny_run
+    sft = json.loads((run / "stages/01-sft/stage.json").read_text())
+    mid = json.loads((run / "stages/02-midtrain/stage.json").read_text())
+    for record in (sft, mid):
+        assert record["status"] == "done" and record["world_size"] == 1
+        m = record["metrics"]
+        assert m["steps"] > 0 and m["tokens"] > 0
+        assert m["loss_last"] < m["loss_first"], m["losses"]
+    assert mid["input_model"] == sft["output_model"] == str(run / "stages/01-sft/model")
+    assert mid["upstream"] == sft["fingerprint"]
+    (base,) = Path(cache_dir).glob("tiny-*/model")
+    assert sft["input_model"] == str(base)
+    w_base, w_sft, w_mid = (_weights(p) for p in (base, run / "stages/01-sft/model", run / "stages/02-midtrain/model"))
+    assert _changed(w_base, w_sft) and _changed(w_sft, w_mid)
+
+
+def test_final_model_loads_and_chats(tiny_run):
+    run, _ = tiny_run
+    path = run / "stages/02-midtrain/model"
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok.apply_chat_template([{"role": "user", "content": "Tom has 3 apples."}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+    assert out.shape[1] > ids["input_ids"].shape[1]
+
+
+def test_rerun_reuses_then_refuses_a_changed_stage_then_redoes(tiny_run):
+    run, args = tiny_run
+    before = {p: p.stat().st_mtime_ns for p in run.glob("stages/*/stage.json")}
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stderr.count("reusing finished stage") == 2
+    assert before == {p: p.stat().st_mtime_ns for p in run.glob("stages/*/stage.json")}
+
+    changed = run_cli(*args, "sft.learning_rate=3e-4")
+    assert changed.returncode == 2
+    message = changed.stderr.strip().splitlines()[-1]
+    assert "01-sft" in message and "learning_rate" in message and "redo=[sft]" in message
+    assert before == {p: p.stat().st_mtime_ns for p in run.glob("stages/*/stage.json")}
+
+    redo = run_cli(*args, "sft.learning_rate=3e-4", "redo=[sft]")
+    assert redo.returncode == 0, redo.stderr[-2000:]
+    sft = json.loads((run / "stages/01-sft/stage.json").read_text())
+    mid = json.loads((run / "stages/02-midtrain/stage.json").read_text())
+    assert sft["config"]["learning_rate"] == pytest.approx(3e-4)
+    assert mid["upstream"] == sft["fingerprint"]
+    assert all(p.stat().st_mtime_ns > t for p, t in before.items())
+
+
+def test_lora_saves_a_merged_full_checkpoint(tmp_path, cache_dir):
+    proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", "stages=[sft]",
+                   "sft.lora.r=8", "sft.learning_rate=5e-3", *FAST)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model_dir = tmp_path / "tiny/stages/01-sft/model"
+    assert not (model_dir / "adapter_config.json").exists()
+    (base,) = Path(cache_dir).glob("tiny-*/model")
+    w_base, w_sft = _weights(base), _weights(model_dir)
+    assert set(w_base) == set(w_sft) and _changed(w_base, w_sft)
+    AutoModelForCausalLM.from_pretrained(model_dir)
+
+
+def test_two_processes_under_accelerate_launch(tmp_path, cache_dir):
+    launcher = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no"]
+    proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST,
+                   launcher=launcher, env={"ACCELERATE_USE_CPU": "true"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for stage in ("01-sft", "02-midtrain"):
+        record = json.loads((tmp_path / "tiny/stages" / stage / "stage.json").read_text())
+        assert record["world_size"] == 2 and record["status"] == "done"
