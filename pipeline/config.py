@@ -33,6 +33,36 @@ class LoraConfig:
 
 
 @dataclass
+class EvalConfig:
+    """lm-eval settings. Top-level `eval` applies to every checkpoint; `base_eval` and each stage's
+    `eval` override only the fields they set (null = inherit)."""
+
+    tasks: list[str] | None = None  # tiny_gsm, gsm8k_local, gsm8k (Hub), any lm-eval task name
+    num_fewshot: int | None = None  # -1: the task's own default
+    limit: int | None = None  # samples per task; 0: all
+    max_gen_toks: int | None = None
+    batch_size: int | None = None
+    apply_chat_template: bool | None = None  # true for instruct checkpoints, false for base models
+    include_path: str | None = None  # a folder of extra lm-eval task YAMLs
+    gsm8k_dir: str | None = None  # folder with GSM8K train.jsonl / test.jsonl (task gsm8k_local)
+
+
+def _eval_defaults() -> EvalConfig:
+    return EvalConfig(tasks=[], num_fewshot=-1, limit=0, max_gen_toks=256, batch_size=16, apply_chat_template=True,
+                      include_path="", gsm8k_dir="../shared/data/gsm8k")
+
+
+@dataclass
+class GateConfig:
+    """Decides after a stage's evaluation whether the chain goes on."""
+
+    metric: str = ""  # <task>/<metric>,<filter>, e.g. tiny_gsm/exact_match,strict-match; empty: no gate
+    min: float | None = None  # absolute floor
+    max_drop: float | None = None  # allowed drop vs the previous evaluated checkpoint
+    action: str = "stop"  # stop | warn
+
+
+@dataclass
 class TrainConfig:
     """Settings of a TRL SFTTrainer stage; `sft` and `midtrain` share this schema and code path."""
 
@@ -57,6 +87,8 @@ class TrainConfig:
     logging_steps: int = 10
     save_steps: int = 500
     lora: LoraConfig = field(default_factory=LoraConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 def _midtrain_defaults() -> TrainConfig:
@@ -105,6 +137,8 @@ class RunConfig:
     redo: list[str] = field(default_factory=list)
     seed: int = 42
     model: ModelConfig = field(default_factory=ModelConfig)
+    eval: EvalConfig = field(default_factory=_eval_defaults)
+    base_eval: EvalConfig = field(default_factory=lambda: EvalConfig(apply_chat_template=False))
     tiny: TinyConfig = field(default_factory=TinyConfig)
     sft: TrainConfig = field(default_factory=TrainConfig)
     midtrain: TrainConfig = field(default_factory=_midtrain_defaults)
@@ -115,6 +149,7 @@ CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
     "precision": ("auto", "bf16", "fp32"),
+    "action": ("stop", "warn"),
 }
 
 
@@ -196,8 +231,8 @@ def validate(cfg: DictConfig) -> None:
     if len(set(cfg.stages)) != len(cfg.stages):
         raise ConfigError(f"'stages' lists a stage twice: {list(cfg.stages)}")
     for key, allowed in CHOICES.items():
-        for section in ("model", *STAGE_KINDS):
-            value = cfg[section].get(key)
+        for section in ("model", *STAGE_KINDS, *(f"{k}.gate" for k in STAGE_KINDS)):
+            value = OmegaConf.select(cfg, section).get(key)
             if value is not None and value not in allowed:
                 raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")
     for name in cfg.stages:
@@ -219,5 +254,6 @@ def cache_dir(cfg: DictConfig) -> Path:
 
 
 def stage_section(cfg: DictConfig, name: str) -> dict:
-    """A stage's config as a plain dict (for fingerprints and stage.json)."""
-    return OmegaConf.to_container(cfg[name], resolve=True)
+    """A stage's training config as a plain dict (for fingerprints and stage.json): no eval, no gate."""
+    section = OmegaConf.to_container(cfg[name], resolve=True)
+    return {k: v for k, v in section.items() if k not in ("eval", "gate")}

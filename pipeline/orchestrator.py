@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import data, manifest
+from pipeline import data, evaluate, gates, leaderboard, manifest
 from pipeline.config import ConfigError, cache_dir, stage_section
 from pipeline.files import fingerprint, read_json, write_json, write_text
 
@@ -31,8 +31,9 @@ class PlannedStage:
     index: int
     name: str
     dir: Path
-    fingerprint: str
-    action: str  # reuse | train | resume
+    fingerprint: str  # training: config, data, everything upstream
+    eval_fingerprint: str | None  # training fingerprint + eval settings; None: not evaluated
+    action: str  # reuse | evaluate | train | resume
     data: list[dict]
 
 
@@ -61,6 +62,10 @@ def _base_fingerprint(cfg: DictConfig) -> str:
     return fingerprint({"model": model, "tiny": tiny})
 
 
+def _eval_fingerprint(upstream: str, ev: dict) -> str | None:
+    return fingerprint({"checkpoint": upstream, "eval": ev}) if ev["tasks"] else None
+
+
 def _changes(old: dict, new: dict, prefix: str) -> list[str]:
     out = []
     for key in sorted(set(old) | set(new)):
@@ -73,19 +78,21 @@ def _changes(old: dict, new: dict, prefix: str) -> list[str]:
 
 
 def plan(cfg: DictConfig, root: Path) -> list[PlannedStage]:
-    """Decide per stage whether to reuse, resume or train; refuse changed finished stages."""
+    """Decide per stage whether to reuse, re-evaluate, resume or train; refuse changed finished stages."""
     upstream, forced, out = _base_fingerprint(cfg), False, []
     for i, name in enumerate(cfg.stages, 1):
         stage_dir = root / "stages" / f"{i:02d}-{name}"
         sources = data.fingerprints(cfg[name].mixture, cfg)
         config = stage_section(cfg, name)
         fp = fingerprint({"kind": name, "config": config, "data": sources, "upstream": upstream, "seed": cfg.seed})
+        efp = _eval_fingerprint(fp, evaluate.settings(cfg, name))
         prev = read_json(stage_dir / "stage.json") or {}
-        done = prev.get("status") == "done" and (stage_dir / "model").is_dir()
+        trained = prev.get("status") in ("trained", "done") and (stage_dir / "model").is_dir()
         redo = forced or name in cfg.redo
-        if done and prev.get("fingerprint") == fp and not redo:
-            action = "reuse"
-        elif done and not redo:
+        if trained and prev.get("fingerprint") == fp and not redo:
+            done = prev["status"] == "done" and prev.get("eval_fingerprint") == efp
+            action = "reuse" if done else "evaluate"
+        elif trained and not redo:
             changed = _changes(prev.get("config", {}), config, f"{name}.")
             if prev.get("data") != sources:
                 changed.append("its data")
@@ -97,9 +104,20 @@ def plan(cfg: DictConfig, root: Path) -> list[PlannedStage]:
         else:
             action = "resume" if prev.get("status") == "running" and prev.get("fingerprint") == fp else "train"
             forced = True
-        out.append(PlannedStage(i, name, stage_dir, fp, action, sources))
+        out.append(PlannedStage(i, name, stage_dir, fp, efp, action, sources))
         upstream = fp
     return out
+
+
+def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
+    """Refuse, before any work, gates on metrics their stage's evaluation does not produce."""
+    evaluate.expected_metrics(evaluate.settings(cfg, None), tasks_dir)  # unknown base-eval tasks fail here
+    for name in cfg.stages:
+        ev, gate = evaluate.settings(cfg, name), cfg[name].gate
+        produced = evaluate.expected_metrics(ev, tasks_dir)
+        if gate.metric and gate.metric not in produced:
+            raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce "
+                              f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
 
 
 def _base_model(cfg: DictConfig) -> str | Path:
@@ -110,8 +128,77 @@ def _base_model(cfg: DictConfig) -> str | Path:
     return tiny.ensure_base_model(cache_dir(cfg), cfg.tiny, cfg.model, cfg.seed)
 
 
+class Chain:
+    """One invocation of the pipeline on a run folder (state shared by the steps of `run_pipeline`)."""
+
+    def __init__(self, cfg: DictConfig, root: Path, state) -> None:
+        self.cfg, self.root, self.state = cfg, root, state
+        self.main = state.is_main_process
+        self.tasks_dir = root / "eval_tasks"
+        self.history: list[tuple[str, dict]] = []  # (checkpoint, eval metrics) in chain order
+        self._base: str | Path | None = None
+
+    def base(self) -> str | Path:
+        """The base model, resolved (and for `tiny`, built) only when something needs it."""
+        if self._base is None:
+            self._base = _base_model(self.cfg)
+        return self._base
+
+    def write(self, path: Path, record: dict) -> None:
+        """Write a stage record on the main process; every rank waits for it."""
+        if self.main:
+            write_json(path, record)
+        self.state.wait_for_everyone()
+
+    def evaluate(self, model: str | Path, ev: dict, out_dir: Path) -> dict:
+        """Score `model` on the main process only; the other ranks wait (results travel via stage.json)."""
+        result = evaluate.run_eval(model, ev, self.tasks_dir, out_dir, self.cfg.model) if self.main else {}
+        if self.main:
+            log.info("eval of %s: %s (%.1f s)", out_dir.parent.name,
+                     ", ".join(f"{k}={v:.4f}" for k, v in result["metrics"].items()), result["wall_time_s"])
+        return result
+
+    def base_eval(self) -> None:
+        """Evaluate the base model once (reused while its fingerprint holds) so every gate has a baseline."""
+        ev = evaluate.settings(self.cfg, None)
+        efp = _eval_fingerprint(_base_fingerprint(self.cfg), ev)
+        if efp is None:
+            return
+        path = self.root / "stages" / "00-base" / "stage.json"
+        record = read_json(path) or {}
+        if record.get("eval_fingerprint") != efp:
+            log.info("stage 0: evaluating the base model")
+            model = self.base()
+            record = {"stage": "base", "index": 0, "status": "done", "eval_fingerprint": efp,
+                      "output_model": str(model), "eval": self.evaluate(model, ev, path.parent / "eval")}
+            self.write(path, record)
+            record = read_json(path)
+        self.history.append(("00-base", record["eval"]["metrics"]))
+
+    def gate(self, s: PlannedStage) -> dict | None:
+        """Judge the stage's gate on its recorded eval; record the verdict; refresh the leaderboard."""
+        path = s.dir / "stage.json"
+        record = read_json(path)
+        verdict = None
+        if record.get("eval"):
+            metric = self.cfg[s.name].gate.metric
+            previous = next(((c, m[metric]) for c, m in reversed(self.history) if metric in m), None)
+            verdict = gates.judge(self.cfg[s.name].gate, record["eval"]["metrics"], previous)
+            self.history.append((s.dir.name, record["eval"]["metrics"]))
+        if record.get("gate") != verdict:
+            self.write(path, {**record, "gate": verdict})
+        self.export()
+        return verdict
+
+    def export(self) -> None:
+        """Rewrite the run's leaderboard files (main process)."""
+        if self.main:
+            leaderboard.export([self.root], self.root)
+        self.state.wait_for_everyone()
+
+
 def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
-    """Run the configured chain; return the exit code (0 when every stage finished)."""
+    """Run the configured chain; return the exit code (0: every stage passed, 3: a gate stopped it)."""
     import torch
     from accelerate import PartialState
 
@@ -129,36 +216,51 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     setup_logging(root / "pipeline.log" if main else None, main)
     started = time.time()
     stages = plan(cfg, root)
+    chain = Chain(cfg, root, state)
+    if main:
+        evaluate.write_tasks(cfg, chain.tasks_dir)
+    state.wait_for_everyone()
+    check_gates(cfg, chain.tasks_dir)
     if main:
         write_text(root / "resolved.yaml", OmegaConf.to_yaml(cfg))
         write_json(root / "manifest.json", manifest.build(cfg, argv, {s.name: s.data for s in stages}, root))
     log.info("run %s: recipe %s, %d stage(s), world size %d", root, cfg.recipe, len(stages), state.num_processes)
-    model: str | Path | None = None  # the base model is resolved only if a stage trains
+    chain.base_eval()
+    model: str | Path | None = None  # the previous stage's checkpoint; None: the base model
     upstream = _base_fingerprint(cfg)
     for s in stages:
         label = f"stage {s.index}/{len(stages)} {s.name}"
+        path = s.dir / "stage.json"
         if s.action == "reuse":
             log.info("%s: reusing finished stage %s (fingerprint %s)", label, s.dir, s.fingerprint)
-        else:
-            model = model or _base_model(cfg)
+        if s.action in ("train", "resume"):
+            model = model or chain.base()
             log.info("%s: %s from %s", label, "resuming" if s.action == "resume" else "training", model)
             t0 = time.time()
             record = {"stage": s.name, "index": s.index, "fingerprint": s.fingerprint, "upstream": upstream,
                       "config": stage_section(cfg, s.name), "data": s.data, "input_model": str(model),
                       "world_size": state.num_processes}
-            if main:
-                if s.action == "train":
-                    shutil.rmtree(s.dir, ignore_errors=True)
-                write_json(s.dir / "stage.json", {**record, "status": "running"})
-            state.wait_for_everyone()
+            if main and s.action == "train":
+                shutil.rmtree(s.dir, ignore_errors=True)
+            chain.write(path, {**record, "status": "running"})
             metrics = STAGES[s.name](StageContext(cfg, s.name, model, s.dir))
-            record.update(status="done", output_model=str(s.dir / "model"), metrics=metrics,
-                          wall_time_s=round(time.time() - t0, 2))
-            if main:
-                write_json(s.dir / "stage.json", record)
-            state.wait_for_everyone()
-            log.info("%s: done in %.1f s, loss %.4f -> %.4f over %d steps", label, time.time() - t0,
+            chain.write(path, {**record, "status": "trained", "output_model": str(s.dir / "model"),
+                               "metrics": metrics, "wall_time_s": round(time.time() - t0, 2)})
+            log.info("%s: trained in %.1f s, loss %.4f -> %.4f over %d steps", label, time.time() - t0,
                      metrics["loss_first"] or float("nan"), metrics["loss_last"] or float("nan"), metrics["steps"])
+        if s.action != "reuse":
+            record = read_json(path)
+            ev = evaluate.settings(cfg, s.name)
+            result = chain.evaluate(s.dir / "model", ev, s.dir / "eval") if s.eval_fingerprint else None
+            chain.write(path, {**record, "status": "done", "eval": result, "eval_fingerprint": s.eval_fingerprint})
+        verdict = chain.gate(s)
+        if verdict and not verdict["passed"]:
+            where = f"gate after stage {s.dir.name}: {verdict['metric']} = {verdict['value']:.4f} ({verdict['reason']})"
+            if verdict["action"] == "stop":
+                log.error("%s; chain stopped (leaderboard: %s)", where, root / "leaderboard.md")
+                return gates.EXIT_GATE_STOP
+            log.warning("%s; going on (action: warn)", where)
         model, upstream = s.dir / "model", s.fingerprint
+    chain.export()
     log.info("run finished in %.1f s; final model: %s", time.time() - started, model)
     return 0

@@ -7,7 +7,8 @@ briefly on the synthetic corpus, so post-training starts from a model that has s
 Splits: `pretrain` (general text, problem statements, arithmetic facts), `sft` (chat problems
 with worked answers), `reasoning` (harder worked problems, chat), `general` (plain text),
 `test` (held-out problems in GSM8K's columns `question`/`answer`, disjoint from all training
-splits), `prefs` (prompt/chosen/rejected) and `rl` (prompt/answer).
+splits), `gsm_train` (the SFT problems in GSM8K's columns, for few-shot examples), `prefs`
+(prompt/chosen/rejected) and `rl` (prompt/answer).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
 )
 DOC_SEP = "<|endoftext|>"
+DATA_VERSION = 2  # bump when the generator changes, so caches are rebuilt
 DATA_KEYS = ("seed", "sft_examples", "midtrain_examples", "general_examples", "pretrain_examples", "test_examples")
 
 
@@ -126,6 +128,7 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
         "reasoning": [_chat(p) for p in reasoning],
         "general": [{"text": general_text(rng)} for _ in range(params["general_examples"])],
         "test": test,
+        "gsm_train": [{"question": p["question"], "answer": p["answer"]} for p in sft],
         "prefs": [{"prompt": [{"role": "user", "content": p["question"]}],
                    "chosen": [{"role": "assistant", "content": p["answer"]}],
                    "rejected": [{"role": "assistant", "content": wrong_answer(rng, p)}]} for p in prefs],
@@ -135,13 +138,13 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
 
 def tiny_dir(cache_dir: Path, tiny: dict) -> Path:
     """The cache folder of this tiny setup (keyed by all tiny settings)."""
-    return Path(cache_dir) / f"tiny-{fingerprint(tiny)}"
+    return Path(cache_dir) / f"tiny-{fingerprint({**tiny, 'version': DATA_VERSION})}"
 
 
 def data_dir(cache_dir: Path, tiny: dict) -> Path:
     """Write the synthetic splits (once) and return their folder."""
     params = {k: tiny[k] for k in DATA_KEYS}
-    out = Path(cache_dir) / f"tiny-data-{fingerprint(params)}"
+    out = Path(cache_dir) / f"tiny-data-{fingerprint({**params, 'version': DATA_VERSION})}"
     if not out.is_dir():
         with atomic_dir(out) as tmp:
             for split, rows in build_splits(params).items():

@@ -49,9 +49,11 @@ def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
 
 
 def tokenise_text(dataset: Any, tok: Any) -> Any:
-    """Documents (`text`) as `input_ids` ending in EOS, ready for wrapped packing."""
+    """Documents (`text`) as `input_ids` ending in EOS (once: rendered chats already end with it)."""
     def encode(row: dict) -> dict:
-        return {"input_ids": tok(row["text"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]}
+        ids = tok(row["text"], add_special_tokens=False)["input_ids"]
+        ends = row["text"].rstrip().endswith(tok.eos_token)
+        return {"input_ids": ids if ends else ids + [tok.eos_token_id]}
 
     return dataset.map(encode, remove_columns=dataset.column_names)
 

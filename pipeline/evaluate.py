@@ -1,0 +1,128 @@
+"""Evaluation with lm-eval: task YAMLs written into the run, HF model scoring, metric flattening.
+
+Shipped tasks (`eval/tasks/*.yaml`) include lm-eval's own gsm8k definition and override its data
+source; their `${...}` placeholders are filled here and the result is written to
+`<run>/eval_tasks/`, so `lm_eval --include_path <run>/eval_tasks` reproduces a score. Any other
+lm-eval task is used by name (`gsm8k` needs the Hub), and `eval.include_path` adds a folder of
+user task YAMLs. Metrics are named `<task>/<metric>,<filter>` (e.g.
+`tiny_gsm/exact_match,strict-match`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import string
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.config import ROOT, ConfigError, cache_dir
+from pipeline.files import write_text
+
+log = logging.getLogger("pipeline")
+TASK_TEMPLATES = ROOT / "eval" / "tasks"
+
+
+def settings(cfg: DictConfig, section: str | None) -> dict:
+    """Effective eval settings: top-level `eval`, overridden by the set fields of `base_eval` or a stage's."""
+    out = OmegaConf.to_container(cfg.eval)
+    override = cfg.base_eval if section is None else cfg[section].eval
+    out.update({k: v for k, v in OmegaConf.to_container(override).items() if v is not None})
+    return out
+
+
+def write_tasks(cfg: DictConfig, out: Path) -> Path:
+    """Fill the shipped task templates with this run's data paths and write them to `out`."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager  # noqa: F401 - fails early if lm-eval is missing
+
+    values = {
+        "gsm8k_yaml": str(Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"),
+        "gsm8k_dir": str(Path(cfg.eval.gsm8k_dir).resolve()),
+    }
+    if cfg.model.name_or_path == "tiny":
+        from pipeline.tiny import data_dir
+
+        data = data_dir(cache_dir(cfg), OmegaConf.to_container(cfg.tiny)).resolve()
+        values.update(tiny_train=str(data / "gsm_train.jsonl"), tiny_test=str(data / "test.jsonl"))
+    for template in sorted(TASK_TEMPLATES.glob("*.yaml")):
+        try:
+            text = string.Template(template.read_text(encoding="utf-8")).substitute(values)
+        except KeyError:
+            continue  # a task for data this run does not have (tiny_gsm outside the tiny recipe)
+        write_text(out / template.name, text)
+    return out
+
+
+@functools.cache
+def task_manager(include_paths: tuple[str, ...]):
+    """One lm-eval TaskManager per process and include paths (building one costs seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include_paths) or None)
+
+
+def _include_paths(ev: dict, tasks_dir: Path) -> tuple[str, ...]:
+    return tuple(str(p) for p in (tasks_dir, ev.get("include_path")) if p)
+
+
+def expected_metrics(ev: dict, tasks_dir: Path) -> set[str]:
+    """The `<task>/<metric>,<filter>` names that `ev`'s tasks produce, read from their configs."""
+    if not ev["tasks"]:
+        return set()
+    tm = task_manager(_include_paths(ev, tasks_dir))
+    out = set()
+    for task in ev["tasks"]:
+        entry = tm.task_index.get(task)
+        if entry is None or entry.cfg is None:
+            raise ConfigError(f"unknown lm-eval task '{task}' (shipped: tiny_gsm, gsm8k_local; "
+                              "or any lm-eval task name, or a folder in eval.include_path)")
+        metrics = [m["metric"] for m in entry.cfg.get("metric_list", [])]
+        filters = [f["name"] for f in entry.cfg.get("filter_list", [])] or ["none"]
+        out |= {f"{task}/{m},{f}" for m in metrics for f in filters}
+    return out
+
+
+def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, model_cfg: Any) -> dict:
+    """Score one checkpoint with lm-eval (call on one process only); keep per-sample output in `out_dir`."""
+    import torch
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    started = time.time()
+    cuda = torch.cuda.is_available()
+    lm = HFLM(pretrained=str(model_path), batch_size=ev["batch_size"], device="cuda" if cuda else "cpu",
+              dtype="bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32",
+              trust_remote_code=model_cfg.trust_remote_code)
+    fewshot = ev["num_fewshot"] if ev["num_fewshot"] >= 0 else None
+    results = simple_evaluate(
+        model=lm, tasks=list(ev["tasks"]), num_fewshot=fewshot, limit=ev["limit"] or None,
+        apply_chat_template=ev["apply_chat_template"], fewshot_as_multiturn=bool(ev["apply_chat_template"] and fewshot),
+        gen_kwargs={"max_gen_toks": ev["max_gen_toks"]}, task_manager=task_manager(_include_paths(ev, tasks_dir)),
+        log_samples=True, random_seed=0, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234,
+    )
+    metrics, stderr = {}, {}
+    for task, values in results["results"].items():
+        for key, value in values.items():
+            name, _, filt = key.partition(",")
+            if not filt or not isinstance(value, (int, float)):  # aliases, sample counts, "N/A" stderr
+                continue
+            if name.endswith("_stderr"):
+                stderr[f"{task}/{name[: -len('_stderr')]},{filt}"] = float(value)
+            else:
+                metrics[f"{task}/{key}"] = float(value)
+    for task, samples in results.get("samples", {}).items():
+        lines = "".join(json.dumps(s, default=str) + "\n" for s in samples)
+        write_text(out_dir / f"samples_{task}.jsonl", lines)
+    return {
+        "metrics": metrics,
+        "stderr": stderr,
+        "samples": {t: v["effective"] for t, v in results.get("n-samples", {}).items()},
+        "task_configs": results.get("configs", {}),
+        "settings": ev,
+        "wall_time_s": round(time.time() - started, 2),
+    }
