@@ -63,11 +63,10 @@ class GateConfig:
 
 
 @dataclass
-class TrainConfig:
-    """Settings of a TRL SFTTrainer stage; `sft` and `midtrain` share this schema and code path."""
+class OptimConfig:
+    """What every training stage shares: data, optimiser, schedule, batch, LoRA, eval and gate."""
 
     mixture: str = ""  # data_mixtures/NAME.yaml or a path to a mixture YAML
-    format: str = "chat"  # chat: `messages` with assistant-only loss; text: plain documents
     learning_rate: float = 2e-5
     lr_scheduler_type: str = "cosine_with_min_lr"
     min_lr_rate: float = 0.1
@@ -79,16 +78,68 @@ class TrainConfig:
     per_device_train_batch_size: int = 1
     gradient_accumulation_steps: int = 1
     max_length: int = 2048
-    packing: bool = True
-    packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped
     padding_free: bool = False
-    assistant_only_loss: bool = True
     activation_checkpointing: bool = True  # saves memory on large models; turn off for tiny ones
     logging_steps: int = 10
     save_steps: int = 500
     lora: LoraConfig = field(default_factory=LoraConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+
+
+@dataclass
+class TrainConfig(OptimConfig):
+    """A TRL SFTTrainer stage; `sft` and `midtrain` share this schema and code path."""
+
+    format: str = "chat"  # chat: `messages` with assistant-only loss; text: plain documents
+    packing: bool = True
+    packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped
+    assistant_only_loss: bool = True
+
+
+@dataclass
+class OnPolicyConfig:
+    """Preference pairs sampled from the stage's input model on prompts with known `#### N` answers."""
+
+    enabled: bool = False
+    mixture: str = ""  # rows with `prompt` (chat) and `answer`
+    samples: int = 4  # answers sampled per prompt
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    max_prompts: int = 0  # 0: all prompts
+    batch_size: int = 32
+
+
+@dataclass
+class SweepConfig:
+    """A grid over beta x learning rate; empty lists keep the stage's own value."""
+
+    beta: list[float] = field(default_factory=list)
+    learning_rate: list[float] = field(default_factory=list)
+
+
+@dataclass
+class SoupConfig:
+    top_k: int = 0  # average the weights of the K best candidates; 0: no soup
+
+
+@dataclass
+class MergeConfig:
+    stage: str = ""  # an earlier stage whose checkpoint is linearly merged in; empty: no merge
+    weight: float = 0.1  # weight of that earlier checkpoint (SmolLM3: 0.1 mid-training, 0.9 soup)
+
+
+@dataclass
+class DpoConfig(OptimConfig):
+    """A TRL DPOTrainer stage (DPO, APO-zero, IPO, ...), with an optional sweep, soup and merge."""
+
+    loss_type: list[str] = field(default_factory=lambda: ["sigmoid"])  # e.g. [apo_zero] or [sigmoid, sft]
+    loss_weights: list[float] = field(default_factory=list)  # one per loss type; empty: all 1
+    beta: float = 0.1
+    on_policy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    soup: SoupConfig = field(default_factory=SoupConfig)
+    merge: MergeConfig = field(default_factory=MergeConfig)
 
 
 def _midtrain_defaults() -> TrainConfig:
@@ -142,9 +193,10 @@ class RunConfig:
     tiny: TinyConfig = field(default_factory=TinyConfig)
     sft: TrainConfig = field(default_factory=TrainConfig)
     midtrain: TrainConfig = field(default_factory=_midtrain_defaults)
+    dpo: DpoConfig = field(default_factory=lambda: DpoConfig(learning_rate=5e-7, lr_scheduler_type="cosine"))
 
 
-STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type == "TrainConfig")
+STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type in ("TrainConfig", "DpoConfig"))
 CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
@@ -232,20 +284,46 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"'stages' lists a stage twice: {list(cfg.stages)}")
     for key, allowed in CHOICES.items():
         for section in ("model", *STAGE_KINDS, *(f"{k}.gate" for k in STAGE_KINDS)):
-            value = OmegaConf.select(cfg, section).get(key)
+            value = OmegaConf.select(cfg, section).get(key)  # absent keys (not in this schema) give None
             if value is not None and value not in allowed:
                 raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")
     for name in cfg.stages:
         stage = cfg[name]
-        if not stage.mixture:
+        if not stage.mixture and not ("on_policy" in stage and stage.on_policy.enabled):
             raise ConfigError(f"'{name}.mixture' is empty: name a data mixture (data_mixtures/*.yaml)")
         for key in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length"):
             if stage[key] <= 0:
                 raise ConfigError(f"'{name}.{key}' must be > 0, got {stage[key]}")
         if stage.max_steps <= 0 and stage.num_train_epochs <= 0:
             raise ConfigError(f"'{name}': set max_steps > 0 or num_train_epochs > 0")
-        if stage.assistant_only_loss and stage.format != "chat":
+        if stage.get("assistant_only_loss") and stage.format != "chat":
             raise ConfigError(f"'{name}.assistant_only_loss' needs format=chat")
+        if stage.lora.r < 0:
+            raise ConfigError(f"'{name}.lora.r' must be >= 0")
+    _validate_dpo(cfg)
+
+
+def _validate_dpo(cfg: DictConfig) -> None:
+    if "dpo" not in cfg.stages:
+        return
+    dpo = cfg.dpo
+    if dpo.loss_weights and len(dpo.loss_weights) != len(dpo.loss_type):
+        raise ConfigError(f"'dpo.loss_weights' has {len(dpo.loss_weights)} weights for {len(dpo.loss_type)} loss types")
+    for key in ("beta", "learning_rate"):
+        values = dpo.sweep[key]
+        if values is not None and any(v <= 0 for v in values):
+            raise ConfigError(f"'dpo.sweep.{key}' values must be > 0, got {list(values)}")
+    if dpo.on_policy.enabled and (not dpo.on_policy.mixture or dpo.on_policy.samples < 2):
+        raise ConfigError("'dpo.on_policy' needs a mixture of prompts with answers and samples >= 2")
+    if dpo.soup.top_k < 0 or dpo.soup.top_k == 1:
+        raise ConfigError(f"'dpo.soup.top_k' must be 0 (no soup) or >= 2, got {dpo.soup.top_k}")
+    if dpo.merge.stage:
+        order = list(cfg.stages)
+        if dpo.merge.stage not in order[: order.index("dpo")]:
+            raise ConfigError(f"'dpo.merge.stage' is '{dpo.merge.stage}': it must name a stage before dpo in "
+                              f"{order}")
+        if not 0 < dpo.merge.weight < 1:
+            raise ConfigError(f"'dpo.merge.weight' must be between 0 and 1, got {dpo.merge.weight}")
 
 
 def cache_dir(cfg: DictConfig) -> Path:

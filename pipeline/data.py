@@ -99,6 +99,15 @@ def _local_file(src: DictConfig, cfg: DictConfig) -> Path | None:
     return None
 
 
+def stage_mixtures(cfg: DictConfig, stage: str) -> list[str]:
+    """Every mixture a stage reads (its own, and the on-policy prompts of a DPO stage)."""
+    section = cfg[stage]
+    names = [section.mixture] if section.mixture else []
+    if "on_policy" in section and section.on_policy.enabled:
+        names.append(section.on_policy.mixture)
+    return names
+
+
 def fingerprints(name: str, cfg: DictConfig) -> list[dict]:
     """One fingerprint per source of a mixture: sha256 of local files, name + revision for Hub data."""
     out = []

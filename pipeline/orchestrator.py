@@ -82,7 +82,7 @@ def plan(cfg: DictConfig, root: Path) -> list[PlannedStage]:
     upstream, forced, out = _base_fingerprint(cfg), False, []
     for i, name in enumerate(cfg.stages, 1):
         stage_dir = root / "stages" / f"{i:02d}-{name}"
-        sources = data.fingerprints(cfg[name].mixture, cfg)
+        sources = [fp for mix in data.stage_mixtures(cfg, name) for fp in data.fingerprints(mix, cfg)]
         config = stage_section(cfg, name)
         fp = fingerprint({"kind": name, "config": config, "data": sources, "upstream": upstream, "seed": cfg.seed})
         efp = _eval_fingerprint(fp, evaluate.settings(cfg, name))
@@ -111,6 +111,8 @@ def plan(cfg: DictConfig, root: Path) -> list[PlannedStage]:
 
 def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
     """Refuse, before any work, gates on metrics their stage's evaluation does not produce."""
+    from pipeline.stages.dpo import grid
+
     evaluate.expected_metrics(evaluate.settings(cfg, None), tasks_dir)  # unknown base-eval tasks fail here
     for name in cfg.stages:
         ev, gate = evaluate.settings(cfg, name), cfg[name].gate
@@ -118,6 +120,8 @@ def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
         if gate.metric and gate.metric not in produced:
             raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce "
                               f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
+        if name == "dpo" and not gate.metric and (len(grid(cfg.dpo)) > 1 or cfg.dpo.soup.top_k or cfg.dpo.merge.stage):
+            raise ConfigError("a dpo sweep, soup or merge picks its best candidate by 'dpo.gate.metric': set it")
 
 
 def _base_model(cfg: DictConfig) -> str | Path:
@@ -243,16 +247,23 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
             if main and s.action == "train":
                 shutil.rmtree(s.dir, ignore_errors=True)
             chain.write(path, {**record, "status": "running"})
-            metrics = STAGES[s.name](StageContext(cfg, s.name, model, s.dir))
+            ev = evaluate.settings(cfg, s.name)
+            ctx = StageContext(cfg, s.name, model, s.dir, s.fingerprint,
+                               lambda m, out, ev=ev: evaluate.run_eval(m, ev, chain.tasks_dir, out, cfg.model))
+            metrics = STAGES[s.name](ctx)
+            scored = metrics.pop("eval", None)  # a stage that already scored its final model (sweep selection)
             chain.write(path, {**record, "status": "trained", "output_model": str(s.dir / "model"),
-                               "metrics": metrics, "wall_time_s": round(time.time() - t0, 2)})
+                               "metrics": metrics, "wall_time_s": round(time.time() - t0, 2),
+                               **({"eval": scored, "eval_fingerprint": s.eval_fingerprint} if scored else {})})
             log.info("%s: trained in %.1f s, loss %.4f -> %.4f over %d steps", label, time.time() - t0,
                      metrics["loss_first"] or float("nan"), metrics["loss_last"] or float("nan"), metrics["steps"])
         if s.action != "reuse":
             record = read_json(path)
-            ev = evaluate.settings(cfg, s.name)
-            result = chain.evaluate(s.dir / "model", ev, s.dir / "eval") if s.eval_fingerprint else None
-            chain.write(path, {**record, "status": "done", "eval": result, "eval_fingerprint": s.eval_fingerprint})
+            if not (record.get("eval") and record.get("eval_fingerprint") == s.eval_fingerprint):
+                ev = evaluate.settings(cfg, s.name)
+                result = chain.evaluate(s.dir / "model", ev, s.dir / "eval") if s.eval_fingerprint else None
+                record.update(eval=result, eval_fingerprint=s.eval_fingerprint)
+            chain.write(path, {**record, "status": "done"})
         verdict = chain.gate(s)
         if verdict and not verdict["passed"]:
             where = f"gate after stage {s.dir.name}: {verdict['metric']} = {verdict['value']:.4f} ({verdict['reason']})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,8 @@ class StageContext:
     name: str  # stage kind, also its config section
     input_model: Path  # checkpoint handed over by the previous stage (or the base model)
     stage_dir: Path  # stages/NN-name/: the stage writes model/ (and work/ for checkpoints)
+    fingerprint: str = ""  # the stage's training fingerprint (keys what it may reuse inside its folder)
+    evaluate: Callable[[Path, Path], dict] | None = None  # (model dir, output dir) -> eval result; main process
 
     @property
     def stage(self) -> DictConfig:

@@ -5,7 +5,8 @@ Everything is seeded and built locally (no Hub), cached under `<cache_dir>/tiny-
 briefly on the synthetic corpus, so post-training starts from a model that has seen text).
 
 Splits: `pretrain` (general text, problem statements, arithmetic facts), `sft` (chat problems
-with worked answers), `reasoning` (harder worked problems, chat), `general` (plain text),
+with worked answers), `reasoning` (harder worked problems, chat), `arithmetic` (worked `<<a+b=c>>` drills),
+`general` (plain text),
 `test` (held-out problems in GSM8K's columns `question`/`answer`, disjoint from all training
 splits), `gsm_train` (the SFT problems in GSM8K's columns, for few-shot examples), `prefs`
 (prompt/chosen/rejected) and `rl` (prompt/answer).
@@ -37,7 +38,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
 )
 DOC_SEP = "<|endoftext|>"
-DATA_VERSION = 2  # bump when the generator changes, so caches are rebuilt
+DATA_VERSION = 4  # bump when the generator changes, so caches are rebuilt
 DATA_KEYS = ("seed", "sft_examples", "midtrain_examples", "general_examples", "pretrain_examples", "test_examples")
 
 
@@ -45,16 +46,16 @@ def make_problem(rng: random.Random, steps: int) -> dict:
     """One GSM8K-style word problem with `steps` arithmetic steps, `<<a+b=c>>` notes and `#### N`."""
     name, friend = rng.sample(NAMES, 2)
     item = rng.choice(ITEMS)
-    value = rng.randint(2, 20)
+    value = rng.randint(2, 15)
     story, work = [f"{name} has {value} {item}s."], []
     for _ in range(steps):
-        op = rng.choice("+-*") if value <= 40 else rng.choice("+-")
+        op = rng.choice("+-*") if value <= 12 else rng.choice("+-")
         if op == "+":
-            b = rng.randint(1, 15)
+            b = rng.randint(1, 9)
             story.append(f"Then {name} gets {b} more {item}s.")
             expr, new = f"{value}+{b}", value + b
         elif op == "-" and value > 1:
-            b = rng.randint(1, value - 1)
+            b = rng.randint(1, min(value - 1, 9))
             story.append(f"Then {name} gives {b} {item}s to {friend}.")
             expr, new = f"{value}-{b}", value - b
         else:
@@ -75,6 +76,18 @@ def wrong_answer(rng: random.Random, problem: dict) -> str:
     lines[-2] = f"{last}={bad}>>{bad} " + lines[-2].rsplit(" ", 1)[1]
     lines[-1] = f"#### {bad}"
     return "\n".join(lines)
+
+
+def arithmetic_drill(rng: random.Random, n: int = 8) -> str:
+    """`n` worked arithmetic facts in GSM8K's `<<a+b=c>>c` annotation, over the problems' ranges."""
+    facts = []
+    for _ in range(n):
+        op = rng.choice("+-*")
+        a = rng.randint(1, 12) if op == "*" else rng.randint(1, 45)
+        b = rng.randint(2, 3) if op == "*" else rng.randint(1, min(9, a) if op == "-" else 9)
+        c = a + b if op == "+" else a - b if op == "-" else a * b
+        facts.append(f"{a}{op}{b} = <<{a}{op}{b}={c}>>{c}.")
+    return " ".join(facts)
 
 
 def general_text(rng: random.Random) -> str:
@@ -118,7 +131,7 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
         if i % 3 == 0:
             pretrain.append({"text": fresh(1, lambda: rng.randint(1, 3))[0]["question"]})
         elif i % 3 == 1:
-            a, b, k = rng.randint(0, 60), rng.randint(0, 20), rng.randint(2, 3)
+            a, b, k = rng.randint(0, 40), rng.randint(0, 9), rng.randint(2, 3)
             pretrain.append({"text": f"{a}+{b}={a + b}. {a + b}-{b}={a}. {b}*{k}={b * k}."})
         else:
             pretrain.append({"text": general_text(rng)})
@@ -127,6 +140,7 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
         "sft": [_chat(p) for p in sft],
         "reasoning": [_chat(p) for p in reasoning],
         "general": [{"text": general_text(rng)} for _ in range(params["general_examples"])],
+        "arithmetic": [{"text": arithmetic_drill(rng)} for _ in range(params["midtrain_examples"])],
         "test": test,
         "gsm_train": [{"question": p["question"], "answer": p["answer"]} for p in sft],
         "prefs": [{"prompt": [{"role": "user", "content": p["question"]}],

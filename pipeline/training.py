@@ -70,10 +70,9 @@ def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
                           "{% generation %} markers around assistant turns")
 
 
-def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig:
-    """TRL arguments from a stage config (bf16 on capable GPUs, CPU-safe defaults otherwise)."""
-    wrapped = stage.packing and stage.packing_strategy == "wrapped"
-    return SFTConfig(
+def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
+    """TrainingArguments shared by every TRL trainer we drive (bf16 on capable GPUs, CPU-safe otherwise)."""
+    return dict(
         output_dir=str(work_dir),
         learning_rate=stage.learning_rate,
         lr_scheduler_type=stage.lr_scheduler_type,
@@ -86,10 +85,6 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
         per_device_train_batch_size=stage.per_device_train_batch_size,
         gradient_accumulation_steps=stage.gradient_accumulation_steps,
         max_length=stage.max_length,
-        packing=stage.packing,
-        packing_strategy=stage.packing_strategy,
-        padding_free=stage.padding_free and not wrapped,
-        assistant_only_loss=stage.assistant_only_loss,
         activation_checkpointing=stage.activation_checkpointing,
         logging_steps=stage.logging_steps,
         logging_first_step=True,
@@ -98,57 +93,94 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
         seed=seed,
         bf16=use_bf16(precision),
         use_cpu=not torch.cuda.is_available(),
-        include_num_input_tokens_seen="non_padding",
         report_to="none",
         disable_tqdm=True,
     )
 
 
-def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int) -> dict:
-    """Train `model_path` on `dataset`; write the result to `stage_dir/model` atomically; return metrics.
+def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig:
+    """SFTTrainer arguments for an SFT / mid-training stage."""
+    wrapped = stage.packing and stage.packing_strategy == "wrapped"
+    return SFTConfig(
+        **common_args(stage, work_dir, seed, precision),
+        packing=stage.packing,
+        packing_strategy=stage.packing_strategy,
+        padding_free=stage.padding_free and not wrapped,
+        assistant_only_loss=stage.assistant_only_loss,
+        include_num_input_tokens_seen="non_padding",
+    )
 
-    Intermediate checkpoints go to `stage_dir/work`; if one exists the run resumes from it.
-    Runs collectively on every rank; only the main process writes the final checkpoint.
+
+def load_model(path: str | Path, model_cfg: Any):
+    """A causal LM from a checkpoint, in the training precision."""
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.bfloat16 if use_bf16(model_cfg.precision) else torch.float32,
+        attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
+
+
+def lora_config(stage: Any):
+    """A peft LoraConfig when the stage asks for LoRA (`lora.r > 0`), else None."""
+    if stage.lora.r <= 0:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=stage.lora.r, lora_alpha=stage.lora.alpha, lora_dropout=stage.lora.dropout,
+                      target_modules=stage.lora.target_modules, task_type="CAUSAL_LM")
+
+
+def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
+    """Train (resuming from the last checkpoint in the trainer's output folder), save a full checkpoint
+    to `out_dir/model` atomically, drop the intermediate checkpoints, and return the training metrics.
+
+    Runs collectively on every rank; only the main process writes files.
     """
     state = PartialState()
     started = time.time()
-    check_columns(dataset, stage, tok, stage_dir.name)
-    if stage.format == "text":
-        dataset = tokenise_text(dataset, tok)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=torch.bfloat16 if use_bf16(model_cfg.precision) else torch.float32,
-        attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
-    peft_config = None
-    if stage.lora.r > 0:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=stage.lora.r, lora_alpha=stage.lora.alpha, lora_dropout=stage.lora.dropout,
-                                 target_modules=stage.lora.target_modules, task_type="CAUSAL_LM")
-    work_dir = stage_dir / "work"
-    trainer = SFTTrainer(model=model, args=sft_args(stage, work_dir, seed, model_cfg.precision),
-                         train_dataset=dataset, processing_class=tok, peft_config=peft_config)
+    work_dir = Path(trainer.args.output_dir)
     resume = get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
     if resume:
-        log.info("resuming %s from %s", stage_dir.name, resume)
+        log.info("resuming %s from %s", out_dir.name, resume)
     result = trainer.train(resume_from_checkpoint=resume)
     runtime = result.metrics.get("train_runtime", 0.0)
-    _save(trainer, tok, stage_dir / "model", merge_lora=peft_config is not None)
-    losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    _save(trainer, tok, out_dir / "model", merge_lora=_is_peft(trainer.model))
+    history = trainer.state.log_history
+    losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
     if state.is_main_process:
         shutil.rmtree(work_dir, ignore_errors=True)
     state.wait_for_everyone()
+    tokens = int(trainer.state.num_input_tokens_seen)
+    logged = {k: v for h in history for k, v in h.items() if k.startswith(("rewards/", "logps/"))}
     return {
         "steps": trainer.state.global_step,
         "loss_first": losses[0][1] if losses else None,
         "loss_last": losses[-1][1] if losses else None,
         "train_loss": result.training_loss,
         "losses": losses,
-        "tokens": int(trainer.state.num_input_tokens_seen),
+        "tokens": tokens or None,
         "train_runtime_s": round(runtime, 2),
-        "tokens_per_s": round(trainer.state.num_input_tokens_seen / max(runtime, 1e-9), 1),
+        "tokens_per_s": round(tokens / max(runtime, 1e-9), 1) if tokens else None,
         "resumed_from": resume,
         "wall_time_s": round(time.time() - started, 2),
+        **({"last_logged": logged} if logged else {}),
     }
+
+
+def _is_peft(model: Any) -> bool:
+    return hasattr(model, "merge_and_unload")
+
+
+def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int) -> dict:
+    """SFT / mid-training of `model_path` on `dataset` into `stage_dir/model`; return the metrics.
+
+    Intermediate checkpoints go to `stage_dir/work`; if one exists the run resumes from it.
+    """
+    check_columns(dataset, stage, tok, stage_dir.name)
+    if stage.format == "text":
+        dataset = tokenise_text(dataset, tok)
+    trainer = SFTTrainer(model=load_model(model_path, model_cfg),
+                         args=sft_args(stage, stage_dir / "work", seed, model_cfg.precision),
+                         train_dataset=dataset, processing_class=tok, peft_config=lora_config(stage))
+    return fit(trainer, tok, stage_dir)
 
 
 def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 from pipeline.config import STAGE_KINDS, ConfigError, available_recipes, load_config
-from pipeline.data import load_spec
+from pipeline.data import load_spec, stage_mixtures
 
 CASES = [
     (["sft.learnin_rate=3e-4"], "unknown config key 'sft.learnin_rate'", "did you mean 'learning_rate'"),
@@ -51,7 +51,8 @@ def test_every_shipped_recipe_and_its_mixtures_validate(recipe):
     assert cfg.run_name == recipe
     for stage in cfg.stages:
         assert stage in STAGE_KINDS
-        assert load_spec(cfg[stage].mixture).sources
+        for mixture in stage_mixtures(cfg, stage):
+            assert load_spec(mixture).sources
 
 
 def test_every_shipped_mixture_parses():

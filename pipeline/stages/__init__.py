@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from pipeline.stages import sft
+from pipeline.stages import dpo, sft
 
-STAGES = {"sft": sft.run, "midtrain": sft.run}
+STAGES = {"sft": sft.run, "midtrain": sft.run, "dpo": dpo.run}
