@@ -262,7 +262,7 @@ def load_config(argv: list[str]) -> DictConfig:
         _apply(cfg, key, value, f"recipe {path.name}")
     cfg.recipe = recipe
     for key, raw in overrides:
-        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"x={raw}"]))["x"]
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"x={raw}"]))["x"] if raw else ""
         _apply(cfg, key, value, "command line")
     if not cfg.run_name:
         cfg.run_name = recipe

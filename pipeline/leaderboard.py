@@ -23,8 +23,8 @@ HYPER = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_bat
 FORMATS = ("csv", "json", "md", "html")
 
 
-def _row(run: Path, record: dict, checkpoint: str, candidate: str) -> dict:
-    config, metrics, ev = record.get("config") or {}, record.get("metrics") or {}, record["eval"]
+def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict | None = None) -> dict:
+    config, metrics, ev = config or record.get("config") or {}, record.get("metrics") or {}, record["eval"]
     row = {"run": run.name, "checkpoint": checkpoint, "stage": record.get("stage", ""), "candidate": candidate}
     row.update({k: config[k] for k in HYPER if k in config})
     if config.get("lora", {}).get("r"):
@@ -46,21 +46,23 @@ def rows(run_dirs: list[Path]) -> list[dict]:
     for run in map(Path, run_dirs):
         for stage_dir in sorted((run / "stages").glob("*")):
             record = read_json(stage_dir / "stage.json")
+            cands = {c.name: read_json(c / "stage.json") for c in sorted((stage_dir / "candidates").glob("*"))}
             if record and record.get("eval"):
-                out.append(_row(run, record, stage_dir.name, ""))
-            for cand in sorted((stage_dir / "candidates").glob("*")):
-                crec = read_json(cand / "stage.json")
-                if crec and crec.get("eval"):
-                    out.append(_row(run, crec, stage_dir.name, cand.name))
+                selected = (record.get("metrics") or {}).get("selected")  # a sweep: show the winner's settings
+                config = (cands.get(selected) or {}).get("config") if selected else None
+                out.append(_row(run, record, stage_dir.name, f"selected: {selected}" if selected else "", config))
+            out += [_row(run, c, stage_dir.name, name) for name, c in cands.items() if c and c.get("eval")]
     return out
 
 
 def columns(table: list[dict]) -> list[str]:
-    """All column names, in first-seen order."""
+    """All column names: identity, hyperparameters, metrics (each with its stderr), then the rest."""
     seen: dict[str, None] = {}
     for row in table:
         seen.update(dict.fromkeys(row))
-    return list(seen)
+    head = ["run", "checkpoint", "stage", "candidate", *HYPER, "lora_r"]
+    metrics = [c for c in seen if "/" in c]
+    return [c for c in head if c in seen] + metrics + [c for c in seen if c not in head and c not in metrics]
 
 
 def _fmt(value) -> str:

@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # A smaller tiny setup than the recipe's, so end-to-end tests take seconds per stage.
 FAST = [
-    "tiny.pretrain_steps=60", "tiny.pretrain_examples=1500", "tiny.sft_examples=600",
+    "stages=[sft,midtrain]", "tiny.pretrain_steps=60", "tiny.pretrain_examples=1500", "tiny.sft_examples=600",
     "tiny.midtrain_examples=400", "tiny.general_examples=200", "tiny.test_examples=50",
     "sft.max_steps=30", "midtrain.max_steps=20", "sft.logging_steps=5", "midtrain.logging_steps=5",
 ]

@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from trl import DPOConfig, DPOTrainer
 
 from pipeline import merge
+from pipeline.config import ConfigError
 from pipeline.data import load_mixture
 from pipeline.files import atomic_dir, fingerprint, read_json, write_json, write_text
 from pipeline.stage import StageContext
@@ -63,12 +64,13 @@ def _pairs(ctx: StageContext) -> Any:
             write_text(path, "".join(json.dumps(p) + "\n" for p in pairs))
         state.wait_for_everyone()
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-        if not rows:
-            from pipeline.config import ConfigError
-
-            raise ConfigError("on-policy sampling found no prompt with both a correct and an incorrect answer; "
-                              "raise dpo.on_policy.samples or temperature")
-        parts.append(datasets.Dataset.from_list(rows))
+        if rows:
+            parts.append(datasets.Dataset.from_list(rows))
+        else:
+            log.warning("on-policy sampling found no prompt with both a correct and an incorrect answer")
+    if not parts:
+        raise ConfigError("dpo has no preference pairs: on-policy sampling found no prompt with both a correct and "
+                          "an incorrect answer (raise dpo.on_policy.samples or temperature, or add dpo.mixture)")
     return datasets.concatenate_datasets(parts).shuffle(seed=ctx.cfg.seed) if len(parts) > 1 else parts[0]
 
 

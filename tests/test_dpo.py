@@ -1,0 +1,123 @@
+"""The DPO / APO-zero stage: training moves the margin, sweep + soup + merge + selection, resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST, run_cli
+from safetensors.torch import load_file
+
+from pipeline.gsm import is_correct
+
+pytestmark = pytest.mark.slow
+METRIC = "tiny_gsm/exact_match,strict-match"
+SWEEP = [
+    "stages=[sft,midtrain,dpo]", "dpo.mixture=tiny_prefs", "dpo.max_steps=4", "dpo.per_device_train_batch_size=4",
+    "dpo.logging_steps=1", "dpo.loss_type=[apo_zero]", "dpo.sweep.beta=[0.05,0.2]",
+    "dpo.sweep.learning_rate=[1e-5,1e-3]",
+    "dpo.soup.top_k=2", "dpo.merge.stage=midtrain", "dpo.merge.weight=0.1", "dpo.on_policy.max_prompts=24",
+    f"dpo.gate.metric={METRIC}", "dpo.gate.max_drop=1.0",
+]
+
+
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory, cache_dir):
+    out = tmp_path_factory.mktemp("dpo")
+    args = ["recipe=tiny", f"output_root={out}", f"cache_dir={cache_dir}", *FAST, *SWEEP]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out / "tiny", args, proc
+
+
+def test_sweep_trains_four_candidates_then_soup_and_merge_and_selects_the_best(sweep_run):
+    run, _, _ = sweep_run
+    stage = json.loads((run / "stages/03-dpo/stage.json").read_text())
+    names = sorted(p.name for p in (run / "stages/03-dpo/candidates").iterdir())
+    assert names == sorted(["beta0.05-lr1e-05", "beta0.05-lr0.001", "beta0.2-lr1e-05", "beta0.2-lr0.001", "soup",
+                            "merge"])
+    table = stage["metrics"]["candidates"]
+    assert [row["candidate"] for row in table][-2:] == ["soup", "merge"]
+    best = max(row[METRIC] for row in table)
+    selected = stage["metrics"]["selected"]
+    assert next(r for r in table if r["candidate"] == selected)[METRIC] == best
+    assert stage["metrics"]["selected_by"] == METRIC and "ties" in stage["metrics"]["tie_rule"]
+    assert stage["eval"]["metrics"][METRIC] == best
+    chosen = load_file(str(run / "stages/03-dpo/candidates" / selected / "model/model.safetensors"))
+    final = load_file(str(run / "stages/03-dpo/model/model.safetensors"))
+    assert all(torch.equal(chosen[k], final[k]) for k in final)
+    rows = json.loads((run / "leaderboard.json").read_text())["rows"]
+    assert {r["candidate"] for r in rows if r["checkpoint"] == "03-dpo"} >= set(names)
+
+
+def test_candidates_change_parameters_and_raise_the_margin(sweep_run):
+    run, _, _ = sweep_run
+    start = load_file(str(run / "stages/02-midtrain/model/model.safetensors"))
+    for name in ("beta0.05-lr0.001", "beta0.2-lr0.001"):
+        record = json.loads((run / "stages/03-dpo/candidates" / name / "stage.json").read_text())
+        after = load_file(str(run / "stages/03-dpo/candidates" / name / "model/model.safetensors"))
+        assert any(not torch.equal(start[k], after[k]) for k in start)
+        assert record["config"]["loss_type"] == ["apo_zero"] and record["config"]["beta"] in (0.05, 0.2)
+        assert record["metrics"]["last_logged"]["rewards/margins"] > 0
+
+
+def test_merge_is_the_weighted_soup_and_midtrain(sweep_run):
+    run, _, _ = sweep_run
+    merged = json.loads((run / "stages/03-dpo/candidates/merge/stage.json").read_text())
+    assert merged["config"]["weights"] == [0.9, 0.1]
+    assert merged["config"]["sources"][0].endswith("candidates/soup/model")
+    soup, mid = (load_file(str(Path(p) / "model.safetensors")) for p in merged["config"]["sources"])
+    out = load_file(str(run / "stages/03-dpo/candidates/merge/model/model.safetensors"))
+    for key, value in out.items():
+        assert torch.allclose(value, 0.9 * soup[key] + 0.1 * mid[key], atol=1e-6)
+
+
+def test_on_policy_pairs_are_correct_over_incorrect(sweep_run, cache_dir):
+    run, _, _ = sweep_run
+    stats = json.loads((run / "stages/03-dpo/on_policy_stats.json").read_text())
+    assert stats["prompts"] == 24 and stats["samples"] == 24 * 4
+    (rl,) = Path(cache_dir).glob("tiny-data-*/rl.jsonl")
+    answers = {}
+    for line in rl.read_text().splitlines():
+        row = json.loads(line)
+        answers[row["prompt"][0]["content"]] = row["answer"]
+    for line in (run / "stages/03-dpo/on_policy_pairs.jsonl").read_text().splitlines():
+        pair = json.loads(line)
+        answer = answers[pair["prompt"][0]["content"]]
+        assert is_correct(pair["chosen"][0]["content"], answer)
+        assert not is_correct(pair["rejected"][0]["content"], answer)
+
+
+def test_sigmoid_loss_runs(tmp_path, cache_dir):
+    proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft,dpo]",
+                   "dpo.mixture=tiny_prefs", "dpo.on_policy.enabled=false", "dpo.loss_type=[sigmoid]",
+                   "dpo.max_steps=3", "dpo.per_device_train_batch_size=4", "dpo.sweep.beta=[]",
+                   "dpo.sweep.learning_rate=[]", "dpo.gate.metric=")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stage = json.loads((tmp_path / "tiny/stages/02-dpo/stage.json").read_text())
+    assert stage["metrics"]["selected"] == "beta0.1-lr2e-05" and stage["config"]["loss_type"] == ["sigmoid"]
+
+
+def test_interrupted_sweep_reuses_finished_candidates(sweep_run, tmp_path):
+    run, args, _ = sweep_run
+    copy = tmp_path / "tiny"
+    shutil.copytree(run, copy)
+    dpo = copy / "stages/03-dpo"
+    kept = dpo / "candidates/beta0.05-lr1e-05/stage.json"
+    before = kept.stat().st_mtime_ns
+    for cand in dpo.glob("candidates/*"):  # as if killed while training the second candidate
+        if cand.name != "beta0.05-lr1e-05":
+            shutil.rmtree(cand)
+    shutil.rmtree(dpo / "model")
+    record = json.loads((dpo / "stage.json").read_text())
+    (dpo / "stage.json").write_text(json.dumps({**record, "status": "running"}))
+    args = [a if not a.startswith("output_root=") else f"output_root={tmp_path}" for a in args]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "candidate beta0.05-lr1e-05: reusing" in proc.stderr
+    assert proc.stderr.count(": training (beta") == 3
+    assert kept.stat().st_mtime_ns == before
+    assert json.loads((dpo / "stage.json").read_text())["status"] == "done"
