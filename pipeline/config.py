@@ -66,6 +66,7 @@ class GateConfig:
 class OptimConfig:
     """What every training stage shares: data, optimiser, schedule, batch, LoRA, eval and gate."""
 
+    enabled: bool = True  # a stage listed in `stages` but disabled is skipped (e.g. optional PPO)
     mixture: str = ""  # data_mixtures/NAME.yaml or a path to a mixture YAML
     learning_rate: float = 2e-5
     lr_scheduler_type: str = "cosine_with_min_lr"
@@ -114,8 +115,8 @@ class OnPolicyConfig:
 class SweepConfig:
     """A grid over beta x learning rate; empty lists keep the stage's own value."""
 
-    beta: list[float] = field(default_factory=list)
-    learning_rate: list[float] = field(default_factory=list)
+    beta: list[float] | None = None  # null: not swept (the stage's own beta)
+    learning_rate: list[float] | None = None
 
 
 @dataclass
@@ -144,6 +145,51 @@ class DpoConfig(OptimConfig):
 
 def _midtrain_defaults() -> TrainConfig:
     return TrainConfig(format="text", packing_strategy="wrapped", assistant_only_loss=False)
+
+
+@dataclass
+class RewardConfig(OptimConfig):
+    """A reward model trained by TRL's RewardTrainer on preference pairs (sequence classifier, 1 output)."""
+
+    center_rewards_coefficient: float = 0.0
+
+
+@dataclass
+class PpoConfig(OptimConfig):
+    """Our actor-critic PPO on accelerate. `max_steps` counts PPO updates; `mixture` gives prompts (+ answers)."""
+
+    reward: str = "verifiable"  # verifiable: the `#### N` answer checked against `answer`; model: a reward model
+    reward_model: str = ""  # a checkpoint path, or the name of an earlier `reward` stage
+    format_reward: float = 0.0  # added when the response has a `#### N` line at all
+    value_init: str = "policy"  # policy | reward_model: where the value model starts
+    rollout_batch_size: int = 16  # prompts per update and process
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    unfinished_penalty: float = -1.0  # reward for a response that never ends (no EOS within max_new_tokens)
+    kl_coef: float = 0.05
+    kl_estimator: str = "k1"  # k1 | k3
+    kl_target: float = 0.0  # > 0: adaptive KL coefficient (Ziegler et al.) aiming at this KL
+    gamma: float = 1.0
+    lam: float = 0.95
+    ppo_epochs: int = 4
+    num_minibatches: int = 4
+    clip_range: float = 0.2
+    clip_range_value: float = 0.2
+    vf_coef: float = 0.5
+    whiten_advantages: bool = True
+
+
+@dataclass
+class GrpoConfig(OptimConfig):
+    """Critic-free RL through TRL's GRPOTrainer with the same reward functions as PPO."""
+
+    reward: str = "verifiable"
+    reward_model: str = ""
+    format_reward: float = 0.0
+    num_generations: int = 4
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    beta: float = 0.04  # KL coefficient
 
 
 @dataclass
@@ -187,6 +233,7 @@ class RunConfig:
     stages: list[str] = field(default_factory=lambda: ["sft", "midtrain"])
     redo: list[str] = field(default_factory=list)
     seed: int = 42
+    deterministic: bool = False  # debugging: deterministic kernels and full seeding (slower)
     model: ModelConfig = field(default_factory=ModelConfig)
     eval: EvalConfig = field(default_factory=_eval_defaults)
     base_eval: EvalConfig = field(default_factory=lambda: EvalConfig(apply_chat_template=False))
@@ -194,14 +241,22 @@ class RunConfig:
     sft: TrainConfig = field(default_factory=TrainConfig)
     midtrain: TrainConfig = field(default_factory=_midtrain_defaults)
     dpo: DpoConfig = field(default_factory=lambda: DpoConfig(learning_rate=5e-7, lr_scheduler_type="cosine"))
+    reward: RewardConfig = field(default_factory=lambda: RewardConfig(learning_rate=1e-5))
+    ppo: PpoConfig = field(default_factory=lambda: PpoConfig(learning_rate=1e-6, lr_scheduler_type="constant",
+                                                             max_steps=100))
+    grpo: GrpoConfig = field(default_factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
 
 
-STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type in ("TrainConfig", "DpoConfig"))
+STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (
+    "model", "tiny", "eval", "base_eval"))
 CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
     "precision": ("auto", "bf16", "fp32"),
     "action": ("stop", "warn"),
+    "reward": ("verifiable", "model"),
+    "kl_estimator": ("k1", "k3"),
+    "value_init": ("policy", "reward_model"),
 }
 
 
@@ -289,6 +344,8 @@ def validate(cfg: DictConfig) -> None:
                 raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")
     for name in cfg.stages:
         stage = cfg[name]
+        if not stage.enabled:
+            continue
         if not stage.mixture and not ("on_policy" in stage and stage.on_policy.enabled):
             raise ConfigError(f"'{name}.mixture' is empty: name a data mixture (data_mixtures/*.yaml)")
         for key in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length"):
@@ -311,6 +368,8 @@ def _validate_dpo(cfg: DictConfig) -> None:
         raise ConfigError(f"'dpo.loss_weights' has {len(dpo.loss_weights)} weights for {len(dpo.loss_type)} loss types")
     for key in ("beta", "learning_rate"):
         values = dpo.sweep[key]
+        if values is not None and not values:
+            raise ConfigError(f"'dpo.sweep.{key}' is an empty grid: list values, or null to keep dpo.{key}")
         if values is not None and any(v <= 0 for v in values):
             raise ConfigError(f"'dpo.sweep.{key}' values must be > 0, got {list(values)}")
     if dpo.on_policy.enabled and (not dpo.on_policy.mixture or dpo.on_policy.samples < 2):

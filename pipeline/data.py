@@ -109,10 +109,18 @@ def stage_mixtures(cfg: DictConfig, stage: str) -> list[str]:
 
 
 def fingerprints(name: str, cfg: DictConfig) -> list[dict]:
-    """One fingerprint per source of a mixture: sha256 of local files, name + revision for Hub data."""
+    """One fingerprint per source of a mixture: sha256 of local files, name + revision for Hub data.
+
+    Local files are also parsed and every row checked here, so a malformed row stops the run
+    before any training (Hub sources are checked when loaded).
+    """
     out = []
     for src in load_spec(name).sources:
         file = _local_file(src, cfg)
+        if file is not None:
+            columns = OmegaConf.to_container(src.columns)
+            if not [normalise(row, columns, where) for where, row in _read_rows(file)]:
+                raise ConfigError(f"dataset {file} is empty")
         if file is None:
             out.append({"hub": src.hub, "name": src.name, "split": src.split, "revision": src.revision})
         elif src.generator:

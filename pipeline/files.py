@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import shutil
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,3 +99,51 @@ def fingerprint(obj: Any) -> str:
     """A short stable hash of a JSON-serialisable object."""
     blob = json.dumps(obj, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class RunLock:
+    """An exclusive lock on a run folder: `<run>/.lock` holding the owner's pid and host.
+
+    A second pipeline on the same run is refused; a lock left by a dead process on this host is
+    taken over.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / ".lock"
+        self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
+
+    def acquire(self) -> None:
+        """Take the lock or raise `RuntimeError` naming the live owner."""
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                held = read_json(self.path) or {}
+                if held.get("host") == self.owner["host"] and not _alive(held.get("pid")):
+                    self.path.unlink(missing_ok=True)  # stale: its process is gone
+                    continue
+                raise RuntimeError(f"run folder {self.path.parent} is in use by pid {held.get('pid')} on "
+                                   f"{held.get('host')} since {held.get('since')}; wait for it to finish, or delete "
+                                   f"{self.path} if that process is gone") from None
+            with os.fdopen(fd, "w") as fh:
+                json.dump({**self.owner, "since": time.strftime("%Y-%m-%dT%H:%M:%S")}, fh)
+            return
+        raise RuntimeError(f"could not take the lock {self.path}")
+
+    def release(self) -> None:
+        """Drop the lock if this process holds it."""
+        held = read_json(self.path) or {}
+        if held.get("pid") == self.owner["pid"] and held.get("host") == self.owner["host"]:
+            self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -60,5 +60,6 @@ def build(cfg, argv: list[str], data: dict, run_dir: Path) -> dict:
         "packages": package_versions(),
         "hardware": hardware(),
         "seeds": {"run": cfg.seed, "tiny": cfg.tiny.seed},
+        "deterministic": cfg.deterministic,
         "data": data,
     }

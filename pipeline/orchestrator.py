@@ -19,9 +19,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import data, evaluate, gates, leaderboard, manifest
+from pipeline import data, evaluate, gates, leaderboard, manifest, preempt
 from pipeline.config import ConfigError, cache_dir, stage_section
-from pipeline.files import fingerprint, read_json, write_json, write_text
+from pipeline.files import RunLock, fingerprint, read_json, write_json, write_text
 
 log = logging.getLogger("pipeline")
 
@@ -80,7 +80,7 @@ def _changes(old: dict, new: dict, prefix: str) -> list[str]:
 def plan(cfg: DictConfig, root: Path) -> list[PlannedStage]:
     """Decide per stage whether to reuse, re-evaluate, resume or train; refuse changed finished stages."""
     upstream, forced, out = _base_fingerprint(cfg), False, []
-    for i, name in enumerate(cfg.stages, 1):
+    for i, name in enumerate([n for n in cfg.stages if cfg[n].enabled], 1):
         stage_dir = root / "stages" / f"{i:02d}-{name}"
         sources = [fp for mix in data.stage_mixtures(cfg, name) for fp in data.fingerprints(mix, cfg)]
         config = stage_section(cfg, name)
@@ -114,7 +114,7 @@ def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
     from pipeline.stages.dpo import grid
 
     evaluate.expected_metrics(evaluate.settings(cfg, None), tasks_dir)  # unknown base-eval tasks fail here
-    for name in cfg.stages:
+    for name in [n for n in cfg.stages if cfg[n].enabled]:
         ev, gate = evaluate.settings(cfg, name), cfg[name].gate
         produced = evaluate.expected_metrics(ev, tasks_dir)
         if gate.metric and gate.metric not in produced:
@@ -122,6 +122,31 @@ def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
                               f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
         if name == "dpo" and not gate.metric and (len(grid(cfg.dpo)) > 1 or cfg.dpo.soup.top_k or cfg.dpo.merge.stage):
             raise ConfigError("a dpo sweep, soup or merge picks its best candidate by 'dpo.gate.metric': set it")
+
+
+def check_model_path(name: str) -> None:
+    """Refuse a local model path that does not exist or is not a Hugging Face checkpoint."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model.name_or_path {name} is not a checkpoint folder (no config.json)")
+    elif name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise ConfigError(f"model.name_or_path {name} does not exist (and is not a Hub id like org/name)")
+
+
+def open_run_dir(root: Path, lock: RunLock) -> str | None:
+    """Create the run folder, check it is writable and lock it; return an error message or None."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        write_text(root / ".write-test", "ok")
+        (root / ".write-test").unlink()
+    except OSError as err:
+        return f"cannot write the run folder {root}: {err.strerror or err}"
+    try:
+        lock.acquire()
+    except RuntimeError as err:
+        return str(err)
+    return None
 
 
 def _base_model(cfg: DictConfig) -> str | Path:
@@ -205,18 +230,38 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     """Run the configured chain; return the exit code (0: every stage passed, 3: a gate stopped it)."""
     import torch
     from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
 
+    if not torch.cuda.is_available():  # accelerate launch pins CPU runs to 1 thread; share the cores instead
+        share = (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        torch.set_num_threads(int(os.environ.get("PIPELINE_CPU_THREADS", 0)) or max(1, share))
+    state = PartialState(cpu=not torch.cuda.is_available())
+    if cfg.model.name_or_path != "tiny":
+        check_model_path(cfg.model.name_or_path)
+    root = run_dir(cfg)
+    main = state.is_main_process
+    lock = RunLock(root)
+    problem = [open_run_dir(root, lock) if main else None]
+    broadcast_object_list(problem)
+    if problem[0]:
+        raise ConfigError(problem[0])
+    try:
+        return _run(cfg, argv, state, root)
+    finally:
+        if main:
+            lock.release()
+
+
+def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
     from pipeline.stage import StageContext
     from pipeline.stages import STAGES
 
-    if not torch.cuda.is_available():  # accelerate launch pins CPU runs to 1 thread; share the cores instead
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-    state = PartialState(cpu=not torch.cuda.is_available())
-    root = run_dir(cfg)
     main = state.is_main_process
-    if main:
-        root.mkdir(parents=True, exist_ok=True)
-    state.wait_for_everyone()
+    preempt.install()
+    if cfg.deterministic:
+        from transformers import enable_full_determinism
+
+        enable_full_determinism(cfg.seed)
     setup_logging(root / "pipeline.log" if main else None, main)
     started = time.time()
     stages = plan(cfg, root)
@@ -233,6 +278,7 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     model: str | Path | None = None  # the previous stage's checkpoint; None: the base model
     upstream = _base_fingerprint(cfg)
     for s in stages:
+        preempt.check(f"before stage {s.dir.name}")
         label = f"stage {s.index}/{len(stages)} {s.name}"
         path = s.dir / "stage.json"
         if s.action == "reuse":
@@ -244,8 +290,9 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
             record = {"stage": s.name, "index": s.index, "fingerprint": s.fingerprint, "upstream": upstream,
                       "config": stage_section(cfg, s.name), "data": s.data, "input_model": str(model),
                       "world_size": state.num_processes}
-            if main and s.action == "train":
-                shutil.rmtree(s.dir, ignore_errors=True)
+            if main and s.action == "train":  # stale partial work goes; model/ stays until replaced atomically
+                shutil.rmtree(s.dir / "work", ignore_errors=True)
+                shutil.rmtree(s.dir / "candidates", ignore_errors=True)
             chain.write(path, {**record, "status": "running"})
             ev = evaluate.settings(cfg, s.name)
             ctx = StageContext(cfg, s.name, model, s.dir, s.fingerprint,

@@ -1,7 +1,8 @@
 """Entry point: `accelerate launch pipeline/run.py recipe=NAME [key=value ...]`.
 
-Exit codes: 0 every stage passed; 2 bad config or bad input; anything else is a crash, and
-rerunning the same command resumes.
+Exit codes: 0 every stage passed; 2 bad config or bad input; 3 a gate stopped the chain; 75 a
+preemption signal (SIGTERM / SIGUSR1) made it save and stop; anything else is a crash. In every
+case but 2, rerunning the same command resumes.
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(argv)
         from pipeline.orchestrator import run_pipeline
+        from pipeline.preempt import EXIT_PREEMPTED, Preempted
 
-        return run_pipeline(cfg, argv)
+        try:
+            return run_pipeline(cfg, argv)
+        except Preempted as err:
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(f"preempted: {err}; rerun the same command to resume", file=sys.stderr)
+            return EXIT_PREEMPTED
     except ConfigError as err:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"error: {err}", file=sys.stderr)

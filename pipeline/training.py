@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
+from pipeline import preempt
 from pipeline.config import ConfigError
-from pipeline.files import commit_dir
+from pipeline.files import commit_dir, read_json
 
 log = logging.getLogger("pipeline")
 
@@ -98,6 +98,30 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
     )
 
 
+def check_lengths(dataset: Any, stage: Any, tok: Any, name: str) -> int:
+    """Apply the truncation policy; return how many rows will be cut.
+
+    Rows longer than `max_length` keep their start and lose their end (TRL's truncation), unless
+    packing splits them (`wrapped`, `bfd_split`). The count is logged; if every row would be cut,
+    the stage is refused (the data or max_length is wrong).
+    """
+    if stage.packing and stage.packing_strategy in ("wrapped", "bfd_split"):
+        return 0
+    if "input_ids" in dataset.column_names:
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+    else:
+        lengths = [len(tok(tok.apply_chat_template(m, tokenize=False), add_special_tokens=False)["input_ids"])
+                   for m in dataset["messages"]]
+    long = sum(n > stage.max_length for n in lengths)
+    if long == len(lengths):
+        raise ConfigError(f"stage '{name}': all {long} rows are longer than max_length={stage.max_length} tokens "
+                          f"(shortest: {min(lengths)}); raise max_length or fix the data")
+    if long:
+        log.warning("stage %s: %d of %d rows exceed max_length=%d and are truncated at the end", name, long,
+                    len(lengths), stage.max_length)
+    return long
+
+
 def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig:
     """SFTTrainer arguments for an SFT / mid-training stage."""
     wrapped = stage.packing and stage.packing_strategy == "wrapped"
@@ -137,10 +161,12 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
     state = PartialState()
     started = time.time()
     work_dir = Path(trainer.args.output_dir)
-    resume = get_last_checkpoint(str(work_dir)) if work_dir.is_dir() else None
+    resume = last_complete_checkpoint(work_dir)
     if resume:
         log.info("resuming %s from %s", out_dir.name, resume)
+    trainer.add_callback(preempt.PreemptCallback())
     result = trainer.train(resume_from_checkpoint=resume)
+    preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
     runtime = result.metrics.get("train_runtime", 0.0)
     _save(trainer, tok, out_dir / "model", merge_lora=_is_peft(trainer.model))
     history = trainer.state.log_history
@@ -165,6 +191,23 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
     }
 
 
+def last_complete_checkpoint(work_dir: Path) -> str | None:
+    """The newest `checkpoint-N` whose trainer_state.json (written last by the Trainer) parses.
+
+    A checkpoint cut short by a crash is removed, so training resumes from the one before it.
+    """
+    if not work_dir.is_dir():
+        return None
+    steps = sorted((int(p.name.split("-")[1]), p) for p in work_dir.glob("checkpoint-*") if p.name[11:].isdigit())
+    for _, path in reversed(steps):
+        if read_json(path / "trainer_state.json") is not None:
+            return str(path)
+        if PartialState().is_main_process:
+            log.warning("dropping incomplete checkpoint %s", path)
+            shutil.rmtree(path, ignore_errors=True)
+    return None
+
+
 def _is_peft(model: Any) -> bool:
     return hasattr(model, "merge_and_unload")
 
@@ -177,10 +220,11 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
     check_columns(dataset, stage, tok, stage_dir.name)
     if stage.format == "text":
         dataset = tokenise_text(dataset, tok)
+    truncated = check_lengths(dataset, stage, tok, stage_dir.name)
     trainer = SFTTrainer(model=load_model(model_path, model_cfg),
                          args=sft_args(stage, stage_dir / "work", seed, model_cfg.precision),
                          train_dataset=dataset, processing_class=tok, peft_config=lora_config(stage))
-    return fit(trainer, tok, stage_dir)
+    return {**fit(trainer, tok, stage_dir), "truncated_rows": truncated}
 
 
 def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:
@@ -190,14 +234,19 @@ def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:
     if state.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     state.wait_for_everyone()
-    if merge_lora:
+    try:
+        if merge_lora:
+            if state.is_main_process:
+                merged = trainer.model.merge_and_unload()
+                merged.save_pretrained(tmp)
+                tok.save_pretrained(tmp)
+        else:
+            trainer.save_model(str(tmp))
         if state.is_main_process:
-            merged = trainer.model.merge_and_unload()
-            merged.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-    else:
-        trainer.save_model(str(tmp))
-    if state.is_main_process:
-        (tmp / "training_args.bin").unlink(missing_ok=True)
-        commit_dir(tmp, out)
+            (tmp / "training_args.bin").unlink(missing_ok=True)
+            commit_dir(tmp, out)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(f"could not write the checkpoint {out}: {err.strerror or err}; the previous checkpoint "
+                          "(if any) is intact - free space and rerun the same command") from None
     state.wait_for_everyone()

@@ -37,8 +37,8 @@ log = logging.getLogger("pipeline")
 
 def grid(stage: Any) -> list[dict]:
     """The sweep's candidates (beta x learning rate, sorted ascending); the stage's own values if unswept."""
-    betas = sorted(stage.sweep.beta) or [stage.beta]
-    rates = sorted(stage.sweep.learning_rate) or [stage.learning_rate]
+    betas = sorted(stage.sweep.beta) if stage.sweep.beta is not None else [stage.beta]
+    rates = sorted(stage.sweep.learning_rate) if stage.sweep.learning_rate is not None else [stage.learning_rate]
     return [{"id": f"beta{b:g}-lr{lr:g}", "beta": b, "learning_rate": lr} for b, lr in itertools.product(betas, rates)]
 
 
@@ -111,17 +111,22 @@ def run(ctx: StageContext) -> dict:
         out = ctx.stage_dir / "candidates" / cand["id"]
         fp = fingerprint({"stage": ctx.fingerprint, "candidate": cand})
         record = read_json(out / "stage.json") or {}
-        if record.get("status") == "done" and record.get("fingerprint") == fp and (out / "model").is_dir():
+        trained = record.get("status") in ("trained", "done") and record.get("fingerprint") == fp
+        if trained and record["status"] == "done" and (out / "model").is_dir():
             log.info("candidate %s: reusing", cand["id"])
         else:
-            log.info("candidate %s: training (beta %g, lr %g) on %d pairs", cand["id"], cand["beta"],
-                     cand["learning_rate"], len(pairs))
-            train_metrics = _train(ctx, tok, pairs, cand, out)
-            config = {**OmegaConf.to_container(stage, resolve=True), "beta": cand["beta"],
-                      "learning_rate": cand["learning_rate"]}
-            config = {k: v for k, v in config.items() if k not in ("eval", "gate", "sweep", "soup", "merge")}
-            record = _score(ctx, {"stage": ctx.name, "candidate": cand["id"], "fingerprint": fp, "config": config,
-                                  "metrics": train_metrics}, out)
+            if not (trained and (out / "model").is_dir()):
+                log.info("candidate %s: training (beta %g, lr %g) on %d pairs", cand["id"], cand["beta"],
+                         cand["learning_rate"], len(pairs))
+                config = {**OmegaConf.to_container(stage, resolve=True), "beta": cand["beta"],
+                          "learning_rate": cand["learning_rate"]}
+                record = {"stage": ctx.name, "candidate": cand["id"], "fingerprint": fp, "status": "trained",
+                          "config": {k: v for k, v in config.items() if k not in ("eval", "gate", "sweep", "soup",
+                                                                                  "merge")},
+                          "metrics": _train(ctx, tok, pairs, cand, out)}
+                if state.is_main_process:
+                    write_json(out / "stage.json", record)  # trained; a crash during its eval re-scores only
+            record = _score(ctx, record, out)
         log.info("candidate %s: %s = %s", cand["id"], metric or "-", _value(record, metric))
         candidates.append(record)
     ranked = sorted(candidates, key=lambda r: -_value(r, metric))  # stable: ties keep grid order

@@ -1,0 +1,65 @@
+"""Preemption: SIGTERM / SIGUSR1 (Slurm's warning signal) make the pipeline save and exit cleanly.
+
+The signal only sets a flag. A training stage checks it after every optimizer step (agreeing
+across ranks), saves a checkpoint and stops; the orchestrator also checks it between stages. The
+process then exits with `EXIT_PREEMPTED`, and rerunning the same command resumes from that
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from transformers import TrainerCallback
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (a requeued Slurm job reruns the same command)
+_requested = {"signal": None}
+
+
+class Preempted(RuntimeError):
+    """Raised once a stage has saved its checkpoint after a preemption signal."""
+
+
+def _handler(signum: int, _frame: Any) -> None:
+    _requested["signal"] = signal.Signals(signum).name
+
+
+def install() -> None:
+    """Route SIGTERM and SIGUSR1 to the save-and-exit flag."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, _handler)
+
+
+def requested() -> str | None:
+    """The name of the signal received, or None."""
+    return _requested["signal"]
+
+
+def check(where: str) -> None:
+    """Raise `Preempted` at a safe point if a signal arrived."""
+    if requested():
+        raise Preempted(f"{requested()} received; stopped cleanly {where}")
+
+
+def agreed() -> bool:
+    """Whether any rank received a signal (all ranks must stop at the same step)."""
+    import torch
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    flag = torch.tensor([1.0 if requested() else 0.0], device=PartialState().device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+class PreemptCallback(TrainerCallback):
+    """After each optimizer step: on a preemption signal, save a checkpoint and stop training."""
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
+        if agreed():
+            _requested["signal"] = _requested["signal"] or "a peer's signal"
+            control.should_save = True
+            control.should_training_stop = True
+        return control
