@@ -1,0 +1,84 @@
+"""The table of bad inputs: each is one clear message naming the culprit, exit code 2, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import FAST, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _jsonl(path: Path, rows: list) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def _mixture(tmp: Path, rows: list | None, columns: dict | None = None, name: str = "rows.jsonl") -> str:
+    data = _jsonl(tmp / name, rows) if rows is not None else str(tmp / "absent.jsonl")
+    mix = tmp / "mix.yaml"
+    mix.write_text(json.dumps({"sources": [{"path": data, "columns": columns or {}}]}))
+    return str(mix)
+
+
+CHAT = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+
+
+def cases(tmp: Path, cache: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (overrides, expected text in the one-line error)."""
+    no_template = tmp / "no_template"
+    (base,) = cache.glob("tiny-*/model")
+    shutil.copytree(base, no_template)
+    (no_template / "chat_template.jinja").unlink()
+    cfg = json.loads((no_template / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (no_template / "tokenizer_config.json").write_text(json.dumps(cfg))
+    not_ckpt = tmp / "not_a_checkpoint"
+    not_ckpt.mkdir()
+    blocker = tmp / "a_file"
+    blocker.write_text("x")
+    return {
+        "unknown key": (["sft.learnin_rate=1"], "did you mean 'learning_rate'"),
+        "wrong type": (["sft.max_steps=many"], "bad value for 'sft.max_steps'"),
+        "unknown recipe": (["recipe=nope"], "unknown recipe 'nope'; available:"),
+        "unknown stage kind": (["stages=[sft,rlhf]"], "unknown stage 'rlhf'"),
+        "empty stage list": (["stages=[]"], "'stages' is empty"),
+        "missing dataset file": ([f"sft.mixture={_mixture(tmp, None)}"], "dataset file not found"),
+        "empty dataset": ([f"sft.mixture={_mixture(tmp, [])}"], "is empty"),
+        "malformed JSONL line": ([f"sft.mixture={_mixture(tmp, [CHAT, '{oops'])}"], "rows.jsonl:2: malformed JSON"),
+        "row missing a mapped column": ([f"sft.mixture={_mixture(tmp, [{'q': 1}], {'user': 'question'})}"],
+                                        "rows.jsonl:1: row has no column 'question'"),
+        "chosen equals rejected": (["stages=[dpo]", "dpo.on_policy.enabled=false", "dpo.gate.metric=",
+                                    "dpo.sweep.beta=null", "dpo.sweep.learning_rate=null",
+                                    f"dpo.mixture={_mixture(tmp, [{'prompt': 'p', 'chosen': 'x', 'rejected': 'x'}])}"],
+                                   "chosen equal to rejected"),
+        "unknown role": ([f"sft.mixture={_mixture(tmp, [{'messages': [{'role': 'bot', 'content': 'x'}]}])}"],
+                         "unknown message role 'bot'"),
+        "every prompt longer than max_length": (["sft.max_length=4"], "all 600 rows are longer than max_length=4"),
+        "tokenizer without chat template": ([f"model.name_or_path={no_template}"], "has no chat template"),
+        "model path that does not exist": (["model.name_or_path=/no/such/model"], "does not exist"),
+        "model path that is not a checkpoint": ([f"model.name_or_path={not_ckpt}"], "not a checkpoint folder"),
+        "output folder that cannot be written": ([f"output_root={blocker}/runs"], "cannot write the run folder"),
+        "sweep with an empty grid": (["stages=[dpo]", "dpo.sweep.beta=[]"], "empty grid"),
+        "gate metric the eval does not produce": (["sft.gate.metric=tiny_gsm/acc,none"], "does not produce"),
+    }
+
+
+def test_every_bad_input_is_one_clear_line_with_exit_2(tmp_path, cache_dir, capsys):
+    table = cases(tmp_path, Path(cache_dir))
+    seen = []
+    for name, (overrides, expected) in table.items():
+        out = tmp_path / "runs" / name.replace(" ", "_")
+        proc = run_cli("recipe=tiny", f"output_root={out}", f"cache_dir={cache_dir}", *FAST, "stages=[sft]",
+                       *overrides)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        seen.append((name, errors[0] if errors else proc.stderr[-300:]))
+        assert proc.returncode == 2, (name, proc.stderr[-2000:])
+        assert len(errors) == 1 and expected in errors[0], (name, errors)
+        stages = out / "tiny" / "stages"
+        assert not stages.exists() or not any(stages.rglob("model.safetensors")), name  # nothing trained
+    with capsys.disabled():  # the table for the closing note
+        print("\n" + "\n".join(f"| {n} | {m} |" for n, m in seen))
