@@ -303,7 +303,7 @@ def load_config(argv: list[str]) -> DictConfig:
         if "=" not in arg:
             raise ConfigError(f"argument '{arg}' is not key=value (e.g. recipe=tiny sft.learning_rate=1e-4)")
         overrides.append(arg.split("=", 1))
-    recipe = next((v for k, v in overrides if k == "recipe"), "tiny")
+    recipe = next((v for k, v in reversed(overrides) if k == "recipe"), "tiny")  # the last one wins
     path = RECIPES_DIR / f"{recipe}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown recipe '{recipe}'; available: {', '.join(available_recipes())}")

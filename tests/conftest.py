@@ -28,6 +28,19 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+@pytest.fixture(scope="session")
+def tiny_base(cache_dir) -> Path:
+    """The tiny base checkpoint of the FAST setup, built once (a one-step run builds it)."""
+    models = list(Path(cache_dir).glob("tiny-*/model"))
+    if not models:
+        proc = run_cli("recipe=tiny", f"output_root={cache_dir}/warm", f"cache_dir={cache_dir}", *FAST,
+                       "stages=[sft]", "sft.max_steps=1", "eval.tasks=[]")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        models = list(Path(cache_dir).glob("tiny-*/model"))
+    (model,) = models
+    return model
+
+
 def run_cli(*args: str, launcher: list[str] | None = None, env: dict | None = None,
             timeout: int = 900) -> subprocess.CompletedProcess:
     """Run `pipeline/run.py` in a subprocess (optionally under a launcher) and capture its output."""

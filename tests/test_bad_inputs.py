@@ -17,8 +17,10 @@ def _jsonl(path: Path, rows: list) -> str:
     return str(path)
 
 
-def _mixture(tmp: Path, rows: list | None, columns: dict | None = None, name: str = "rows.jsonl") -> str:
-    data = _jsonl(tmp / name, rows) if rows is not None else str(tmp / "absent.jsonl")
+def _mixture(tmp: Path, rows: list | None, columns: dict | None = None) -> str:
+    tmp = tmp / f"mixture{len(list(tmp.glob('mixture*')))}"  # one folder per case
+    tmp.mkdir()
+    data = _jsonl(tmp / "rows.jsonl", rows) if rows is not None else str(tmp / "absent.jsonl")
     mix = tmp / "mix.yaml"
     mix.write_text(json.dumps({"sources": [{"path": data, "columns": columns or {}}]}))
     return str(mix)
@@ -27,10 +29,9 @@ def _mixture(tmp: Path, rows: list | None, columns: dict | None = None, name: st
 CHAT = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
 
 
-def cases(tmp: Path, cache: Path) -> dict[str, tuple[list[str], str]]:
+def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
     """name -> (overrides, expected text in the one-line error)."""
     no_template = tmp / "no_template"
-    (base,) = cache.glob("tiny-*/model")
     shutil.copytree(base, no_template)
     (no_template / "chat_template.jinja").unlink()
     cfg = json.loads((no_template / "tokenizer_config.json").read_text())
@@ -67,8 +68,8 @@ def cases(tmp: Path, cache: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-def test_every_bad_input_is_one_clear_line_with_exit_2(tmp_path, cache_dir, capsys):
-    table = cases(tmp_path, Path(cache_dir))
+def test_every_bad_input_is_one_clear_line_with_exit_2(tmp_path, cache_dir, tiny_base, capsys):
+    table = cases(tmp_path, tiny_base)
     seen = []
     for name, (overrides, expected) in table.items():
         out = tmp_path / "runs" / name.replace(" ", "_")
