@@ -8,9 +8,12 @@ merged full checkpoint. The final checkpoint is written atomically, then handed 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,10 +168,11 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
     if resume:
         log.info("resuming %s from %s", out_dir.name, resume)
     trainer.add_callback(preempt.PreemptCallback())
-    result = trainer.train(resume_from_checkpoint=resume)
-    preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
+    with disk_errors_explained(out_dir / "model"):
+        result = trainer.train(resume_from_checkpoint=resume)
+        preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
+        _save(trainer, tok, out_dir / "model", merge_lora=_is_peft(trainer.model))
     runtime = result.metrics.get("train_runtime", 0.0)
-    _save(trainer, tok, out_dir / "model", merge_lora=_is_peft(trainer.model))
     history = trainer.state.log_history
     losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
     if state.is_main_process:
@@ -245,8 +249,20 @@ def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:
         if state.is_main_process:
             (tmp / "training_args.bin").unlink(missing_ok=True)
             commit_dir(tmp, out)
-    except OSError as err:
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ConfigError(f"could not write the checkpoint {out}: {err.strerror or err}; the previous checkpoint "
-                          "(if any) is intact - free space and rerun the same command") from None
     state.wait_for_everyone()
+
+
+@contextlib.contextmanager
+def disk_errors_explained(out: Path) -> Iterator[None]:
+    """Turn a full or size-capped disk while writing checkpoints into one clear error (exit code 2)."""
+    try:
+        yield
+    except Exception as err:
+        full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+        if not (full or any(s in str(err) for s in ("No space left", "File too large", "Disk quota"))):
+            raise
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[-1]
+        raise ConfigError(f"could not write the checkpoint {out} or its training checkpoints: {reason}; the "
+                          "previous checkpoint (if any) is intact - free space and rerun the same command") from None

@@ -143,6 +143,7 @@ def test_full_disk_during_save_keeps_the_previous_checkpoint(reference, tmp_path
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, preexec_fn=small_files, timeout=600)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "could not write the checkpoint" in proc.stderr and "previous checkpoint (if any) is intact" in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("error: ")]) == 1
     after = load_file(str(run / "stages/01-sft/model/model.safetensors"))
     assert all((before[k] == after[k]).all() for k in before)
     assert json.loads((run / "stages/01-sft/stage.json").read_text())["status"] != "done"
