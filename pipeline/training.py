@@ -141,7 +141,7 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
 def load_model(path: str | Path, model_cfg: Any):
     """A causal LM from a checkpoint, in the training precision."""
     return AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.bfloat16 if use_bf16(model_cfg.precision) else torch.float32,
+        path, dtype=torch.bfloat16 if use_bf16(model_cfg.precision) else torch.float32, use_safetensors=True,
         attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
 
 

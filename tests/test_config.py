@@ -73,4 +73,16 @@ def test_smol_recipe_has_published_settings():
     assert cfg.model.name_or_path == "HuggingFaceTB/SmolLM3-3B-Base"
     assert cfg.sft.learning_rate == pytest.approx(2e-5) and cfg.sft.lr_scheduler_type == "cosine_with_min_lr"
     assert cfg.sft.assistant_only_loss and cfg.midtrain.packing_strategy == "wrapped"
-    assert list(load_config(["recipe=smollm3"]).stages) == ["midtrain", "sft"]
+    assert cfg.dpo.loss_type == ["apo_zero"] and cfg.dpo.beta == pytest.approx(0.05)
+    assert 0.05 in cfg.dpo.sweep.beta and 1e-6 in cfg.dpo.sweep.learning_rate
+    assert cfg.dpo.merge.stage == "midtrain" and cfg.dpo.merge.weight == pytest.approx(0.1)
+    assert list(load_config(["recipe=smollm3"]).stages) == ["midtrain", "sft", "dpo"]
+
+
+@pytest.mark.parametrize("recipe", available_recipes())
+def test_every_shipped_recipe_has_gates_its_eval_produces(recipe, tmp_path):
+    from pipeline.evaluate import write_tasks
+    from pipeline.orchestrator import check_gates
+
+    cfg = load_config([f"recipe={recipe}", f"output_root={tmp_path}"])
+    check_gates(cfg, write_tasks(cfg, tmp_path / "tasks"))  # raises ConfigError otherwise
