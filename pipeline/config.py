@@ -137,6 +137,7 @@ class DpoConfig(OptimConfig):
     loss_type: list[str] = field(default_factory=lambda: ["sigmoid"])  # e.g. [apo_zero] or [sigmoid, sft]
     loss_weights: list[float] = field(default_factory=list)  # one per loss type; empty: all 1
     beta: float = 0.1
+    precompute_ref_log_probs: bool = True  # reference log-probs computed once and shared by every candidate
     on_policy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     soup: SoupConfig = field(default_factory=SoupConfig)

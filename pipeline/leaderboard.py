@@ -35,7 +35,8 @@ def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict 
             row[f"{name} stderr"] = ev["stderr"][name]
     gate = record.get("gate")
     row["gate"] = f"{gate['verdict']}: {gate['reason']}" if gate else ""
-    row.update(tokens=metrics.get("tokens"), tokens_per_s=metrics.get("tokens_per_s"),
+    row.update(tokens=metrics.get("tokens"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
+               padding_fraction=metrics.get("padding_fraction"),
                train_wall_time_s=record.get("wall_time_s"), eval_wall_time_s=ev.get("wall_time_s"))
     return row
 

@@ -290,9 +290,10 @@ def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
             record = {"stage": s.name, "index": s.index, "fingerprint": s.fingerprint, "upstream": upstream,
                       "config": stage_section(cfg, s.name), "data": s.data, "input_model": str(model),
                       "world_size": state.num_processes}
-            if main and s.action == "train":  # stale partial work goes; model/ stays until replaced atomically
-                shutil.rmtree(s.dir / "work", ignore_errors=True)
-                shutil.rmtree(s.dir / "candidates", ignore_errors=True)
+            if main and s.action == "train" and s.dir.is_dir():  # stale work goes; model/ stays until replaced
+                for child in s.dir.iterdir():
+                    if child.name != "model":
+                        shutil.rmtree(child) if child.is_dir() else child.unlink()
             chain.write(path, {**record, "status": "running"})
             ev = evaluate.settings(cfg, s.name)
             ctx = StageContext(cfg, s.name, model, s.dir, s.fingerprint,
@@ -302,8 +303,11 @@ def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
             chain.write(path, {**record, "status": "trained", "output_model": str(s.dir / "model"),
                                "metrics": metrics, "wall_time_s": round(time.time() - t0, 2),
                                **({"eval": scored, "eval_fingerprint": s.eval_fingerprint} if scored else {})})
-            log.info("%s: trained in %.1f s, loss %.4f -> %.4f over %d steps", label, time.time() - t0,
-                     metrics["loss_first"] or float("nan"), metrics["loss_last"] or float("nan"), metrics["steps"])
+            log.info("%s: trained in %.1f s, loss %.4f -> %.4f over %d steps; %s tokens/s, MFU %s, padding %s, "
+                     "compute %s s, data wait %s s, peak RSS %s MB", label, time.time() - t0,
+                     metrics["loss_first"] or float("nan"), metrics["loss_last"] or float("nan"), metrics["steps"],
+                     metrics.get("tokens_per_s"), metrics.get("mfu"), metrics.get("padding_fraction"),
+                     metrics.get("compute_s"), metrics.get("data_wait_s"), metrics.get("peak_rss_mb"))
         if s.action != "reuse":
             record = read_json(path)
             if not (record.get("eval") and record.get("eval_fingerprint") == s.eval_fingerprint):

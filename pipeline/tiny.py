@@ -224,7 +224,11 @@ def ensure_base_model(cache_dir: Path, tiny: Any, model_cfg: Any, seed: int) -> 
     import datasets
 
     tok = load_tokenizer(init, model_cfg, need_template=False)
-    train(settings, model_cfg, init, tok, datasets.Dataset.from_list(rows), root, seed)
+    metrics = train(settings, model_cfg, init, tok, datasets.Dataset.from_list(rows), root, seed)
+    if PartialState().is_main_process:
+        from pipeline.files import write_json
+
+        write_json(root / "pretrain.json", metrics)
     return root / "model"
 
 

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import logging
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,9 @@ from trl import SFTConfig, SFTTrainer
 from pipeline import preempt
 from pipeline.config import ConfigError
 from pipeline.files import commit_dir, read_json
+from pipeline.telemetry import MEMORY_LIMIT, Telemetry
+
+MFU_ALERT = 0.30  # warn below this model FLOPs utilisation (GPU only: CPUs have no MFU)
 
 log = logging.getLogger("pipeline")
 
@@ -97,7 +101,7 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
         bf16=use_bf16(precision),
         use_cpu=not torch.cuda.is_available(),
         report_to="none",
-        disable_tqdm=True,
+        disable_tqdm=not (PartialState().is_main_process and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
     )
 
 
@@ -168,9 +172,12 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
     if resume:
         log.info("resuming %s from %s", out_dir.name, resume)
     trainer.add_callback(preempt.PreemptCallback())
+    telemetry = Telemetry().attach(trainer)
     with disk_errors_explained(out_dir / "model"):
         result = trainer.train(resume_from_checkpoint=resume)
         preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
+        if telemetry.memory_stop:
+            raise preempt.Preempted(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name}; checkpoint saved")
         _save(trainer, tok, out_dir / "model", merge_lora=_is_peft(trainer.model))
     runtime = result.metrics.get("train_runtime", 0.0)
     history = trainer.state.log_history
@@ -179,6 +186,11 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
         shutil.rmtree(work_dir, ignore_errors=True)
     state.wait_for_everyone()
     tokens = int(trainer.state.num_input_tokens_seen)
+    precision = "bf16" if trainer.args.bf16 else "fp32"
+    tele = telemetry.summary(trainer.model, tokens, runtime, precision, state.num_processes)
+    if tele["mfu"] is not None and tele["mfu"] < MFU_ALERT:
+        log.warning("%s: MFU %.1f%% is under %.0f%% (compute %.1f s, data wait %.1f s, saving %.1f s)", out_dir.name,
+                    100 * tele["mfu"], 100 * MFU_ALERT, tele["compute_s"], tele["data_wait_s"], tele["save_s"])
     logged = {k: v for h in history for k, v in h.items() if k.startswith(("rewards/", "logps/"))}
     return {
         "steps": trainer.state.global_step,
@@ -191,6 +203,7 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
         "tokens_per_s": round(tokens / max(runtime, 1e-9), 1) if tokens else None,
         "resumed_from": resume,
         "wall_time_s": round(time.time() - started, 2),
+        **tele,
         **({"last_logged": logged} if logged else {}),
     }
 

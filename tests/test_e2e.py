@@ -38,7 +38,7 @@ def test_run_folder_matches_the_contract(tiny_run):
     manifest = json.loads((run / "manifest.json").read_text())
     assert {"code", "packages", "hardware", "data", "seeds"} <= set(manifest)
     assert manifest["packages"]["trl"] and set(manifest["data"]) == {"sft", "midtrain"}
-    assert sorted(p.name for p in (run / "stages").iterdir()) == ["01-sft", "02-midtrain"]
+    assert sorted(p.name for p in (run / "stages").iterdir()) == ["00-base", "01-sft", "02-midtrain"]
     for stage in ("01-sft", "02-midtrain"):
         files = {p.name for p in (run / "stages" / stage / "model").iterdir()}
         assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= files
@@ -117,3 +117,20 @@ def test_two_processes_under_accelerate_launch(tmp_path, cache_dir):
     for stage in ("01-sft", "02-midtrain"):
         record = json.loads((tmp_path / "tiny/stages" / stage / "stage.json").read_text())
         assert record["world_size"] == 2 and record["status"] == "done"
+
+
+@pytest.mark.parametrize("packing", ["true", "false"])
+def test_telemetry_fields_are_present_and_sane(tmp_path, cache_dir, packing):
+    proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft]",
+                   f"sft.packing={packing}", "sft.per_device_train_batch_size=4", "eval.tasks=[]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())["metrics"]
+    assert m["tokens"] == m["tokens_in_batches"] > 0  # the trainer's count equals what the batches held
+    assert m["mfu"] is None and m["device"] == "cpu"  # no invented MFU on a CPU
+    if packing == "true":  # bfd packing is padding-free
+        assert m["padding_fraction"] == 0
+    else:
+        assert 0 < m["padding_fraction"] < 1
+    assert m["compute_s"] > 0 and m["data_wait_s"] >= 0 and m["peak_rss_mb"] > 100
+    assert m["compute_s"] + m["data_wait_s"] <= m["wall_time_s"]
+    assert m["samples"] > 0 and m["samples_per_s"] > 0 and m["tokens_per_s"] > 0

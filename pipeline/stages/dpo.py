@@ -74,13 +74,25 @@ def _pairs(ctx: StageContext) -> Any:
     return datasets.concatenate_datasets(parts).shuffle(seed=ctx.cfg.seed) if len(parts) > 1 else parts[0]
 
 
+def _on_disk(pairs: Any, path: Path) -> Any:
+    """The pairs as a disk-backed dataset: every candidate then hits the same cache files for
+    tokenisation and for the reference log-probs (TRL keys both by the dataset's fingerprint)."""
+    import datasets
+
+    if PartialState().is_main_process and not path.is_dir():
+        with atomic_dir(path) as tmp:
+            pairs.save_to_disk(str(tmp))
+    PartialState().wait_for_everyone()
+    return datasets.load_from_disk(str(path))
+
+
 def _train(ctx: StageContext, tok: Any, pairs: Any, cand: dict, out: Path) -> dict:
     stage = ctx.stage
     args = DPOConfig(
         **{**common_args(stage, out / "work", ctx.cfg.seed, ctx.cfg.model.precision),
            "learning_rate": cand["learning_rate"]},
         beta=cand["beta"], loss_type=list(stage.loss_type), loss_weights=list(stage.loss_weights) or None,
-        padding_free=stage.padding_free)
+        padding_free=stage.padding_free, precompute_ref_log_probs=stage.precompute_ref_log_probs)
     trainer = DPOTrainer(model=load_model(ctx.input_model, ctx.cfg.model), ref_model=None, args=args,
                          train_dataset=pairs, processing_class=tok, peft_config=lora_config(stage))
     return fit(trainer, tok, out)
@@ -105,7 +117,7 @@ def run(ctx: StageContext) -> dict:
     stage, state = ctx.stage, PartialState()
     metric = stage.gate.metric
     tok = load_tokenizer(ctx.input_model, ctx.cfg.model, need_template=True)
-    pairs = _pairs(ctx)
+    pairs = _on_disk(_pairs(ctx), ctx.stage_dir / "pairs")
     candidates = []
     for cand in grid(stage):
         out = ctx.stage_dir / "candidates" / cand["id"]

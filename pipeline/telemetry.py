@@ -1,0 +1,143 @@
+"""Training telemetry: effective tokens/s, padding, MFU, step-time breakdown, peak memory, alerts.
+
+`Telemetry` is a TrainerCallback plus a collator wrapper. Times are taken with device
+synchronisation at step boundaries: `compute_s` is forward + backward + optimizer (step begin to
+step end), `data_wait_s` the time between steps spent fetching batches (saving excluded, measured
+apart as `save_s`). MFU uses model FLOPs per token (6 x parameters + the attention term
+12 x layers x hidden x sequence length, forward + backward) against the device's peak for the
+training precision; on a device not in the table (every CPU) it is None, never invented.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+log = logging.getLogger("pipeline")
+
+# Dense peak FLOP/s per device (vendor datasheets; no sparsity). Matched by substring of the name.
+PEAK_FLOPS = {
+    "H200": {"bf16": 989e12, "fp32": 67e12},
+    "H100": {"bf16": 989e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp32": 19.5e12},
+    "L40S": {"bf16": 362e12, "fp32": 91.6e12},
+    "L4": {"bf16": 121e12, "fp32": 30.3e12},
+    "A10": {"bf16": 125e12, "fp32": 31.2e12},
+    "RTX 4090": {"bf16": 165e12, "fp32": 82.6e12},
+    "V100": {"bf16": None, "fp32": 15.7e12},
+}
+MEMORY_LIMIT = 0.90  # of the device's memory: save and stop above it
+
+
+def peak_flops(device_name: str | None, precision: str) -> float | None:
+    """The device's dense peak FLOP/s for `precision` (bf16 | fp32), or None when unknown."""
+    for key, peaks in PEAK_FLOPS.items():
+        if device_name and key in device_name:
+            return peaks.get(precision)
+    return None
+
+
+def flops_per_token(model: Any, seq_len: float) -> float:
+    """Training FLOPs per token (forward + backward): 6 x parameters + 12 x layers x hidden x seq_len."""
+    cfg = model.config
+    params = sum(p.numel() for p in model.parameters())
+    return 6 * params + 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
+
+
+class CountingCollator:
+    """Wraps a data collator to count real (non-padding) and total token slots per batch."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.real, self.total, self.samples = inner, 0, 0, 0
+
+    def __call__(self, examples: list) -> dict:
+        batch = self.inner(examples)
+        ids = batch.get("input_ids")
+        if ids is not None:
+            mask = batch.get("attention_mask")
+            self.total += ids.numel()
+            self.real += int(mask.sum()) if mask is not None else ids.numel()
+        self.samples += len(examples)
+        return batch
+
+
+class Telemetry(TrainerCallback):
+    """Step-time breakdown, memory and alerts for one training run (attach with `attach`)."""
+
+    def __init__(self) -> None:
+        self.compute = self.between = self.saving = 0.0
+        self.steps = 0
+        self._begin = self._end = None
+        self.memory_stop = False
+        self.collator: CountingCollator | None = None
+
+    def attach(self, trainer: Any) -> Telemetry:
+        """Hook into a trainer: callback plus token-counting collator."""
+        self.collator = CountingCollator(trainer.data_collator)
+        trainer.data_collator = self.collator
+        trainer.add_callback(self)
+        return self
+
+    @staticmethod
+    def _now() -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
+        self._end = self._now()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: D102
+        now = self._now()
+        self.between += now - (self._end or now)
+        self._begin = now
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: D102
+        self._end = self._now()
+        self.compute += self._end - (self._begin or self._end)
+        self.steps += 1
+        if torch.cuda.is_available():
+            used = torch.cuda.memory_reserved() / torch.cuda.get_device_properties(0).total_memory
+            if used > MEMORY_LIMIT:
+                log.error("device memory at %.0f%% (> %.0f%%): saving a checkpoint and stopping; lower the batch "
+                          "size or max_length, then rerun to resume", 100 * used, 100 * MEMORY_LIMIT)
+                self.memory_stop = True
+                control.should_save = True
+                control.should_training_stop = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):  # noqa: D102
+        now = self._now()
+        self.saving += now - (self._end or now)
+        self._end = now
+
+    def summary(self, model: Any, tokens: int, runtime: float, precision: str, world_size: int) -> dict:
+        """The stage's telemetry fields (stage.json, log, leaderboard)."""
+        c = self.collator
+        real = c.real if c and c.total else tokens
+        seq_len = real / max(c.samples, 1) if c else 0.0
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        peak = peak_flops(device, precision)
+        mfu = None
+        if peak and runtime > 0 and tokens:
+            mfu = round(tokens * flops_per_token(model, seq_len) / (runtime * peak * world_size), 4)
+        return {
+            "samples": c.samples if c else None,
+            "tokens_in_batches": c.real if c else None,
+            "samples_per_s": round(c.samples / runtime, 2) if c and runtime else None,
+            "padding_fraction": round(1 - c.real / c.total, 4) if c and c.total else None,
+            "mfu": mfu,
+            "device": device or "cpu",
+            "compute_s": round(self.compute, 2),
+            "data_wait_s": round(max(self.between - self.saving, 0.0), 2),
+            "save_s": round(self.saving, 2),
+            "peak_memory_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if device else None,
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
