@@ -30,7 +30,7 @@ def _run(out: Path, cache_dir: Path, *args: str):
 def gated_run(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("gated")
     proc = _run(out, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=0.0",
-                f"midtrain.gate.metric={METRIC}", "midtrain.gate.max_drop=1.0")
+                f"midtrain.gate.metric={METRIC}", "midtrain.gate.min=0.0", "midtrain.gate.max_drop=1.0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "tiny"
 
@@ -97,7 +97,7 @@ def test_html_renders_in_a_real_browser(gated_run, tmp_path):
 
 
 def test_gate_stop_halts_the_chain_with_exit_3(tmp_path, cache_dir):
-    proc = _run(tmp_path, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.01")
+    proc = _run(tmp_path, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.01", "sft.gate.action=stop")
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "gate after stage 01-sft" in proc.stderr and "< min 1.0100" in proc.stderr
     run = tmp_path / "tiny"
