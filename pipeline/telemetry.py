@@ -57,7 +57,7 @@ class CountingCollator:
 
     def __call__(self, examples: list) -> dict:
         batch = self.inner(examples)
-        ids = batch.get("input_ids") if isinstance(batch, dict) else None  # GRPO batches are lists of rows
+        ids = batch.get("input_ids") if hasattr(batch, "get") else None  # GRPO batches are lists of rows
         if ids is not None:
             mask = batch.get("attention_mask")
             self.total += ids.numel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.stages import dpo, sft
+from pipeline.stages import dpo, grpo, ppo, reward, sft
 
-STAGES = {"sft": sft.run, "midtrain": sft.run, "dpo": dpo.run}
+STAGES = {"sft": sft.run, "midtrain": sft.run, "dpo": dpo.run, "reward": reward.run, "ppo": ppo.run,
+          "grpo": grpo.run}
