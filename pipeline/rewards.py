@@ -1,0 +1,86 @@
+"""Sequence rewards shared by the PPO and GRPO stages: the verifiable GSM8K check and a reward model.
+
+- verifiable: 1 when the response's `#### N` answer equals the known `answer`, else 0; plus
+  `format_reward` when the response has a `#### N` line at all.
+- model: the scalar output of a sequence classifier (TRL RewardTrainer checkpoint) on the chat
+  prompt + response rendered through the chat template.
+
+`reward_model` names a checkpoint path or an earlier stage of this run (`stages/NN-<name>/model`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.config import ConfigError
+from pipeline.gsm import extract_answer, is_correct
+
+Chat = list[dict]
+
+
+def as_chat(prompt: Any) -> Chat:
+    """A prompt as a chat: a plain string becomes one user turn."""
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+
+
+def verifiable(response: str, answer: str, format_reward: float = 0.0) -> float:
+    """1 for a correct `#### N` answer (else 0), plus `format_reward` when there is a `#### N` line."""
+    score = 1.0 if is_correct(response, str(answer)) else 0.0
+    return score + (format_reward if extract_answer(response) is not None else 0.0)
+
+
+def resolve_reward_model(name: str, stage_dir: Path) -> Path:
+    """A reward model checkpoint: a path, or the `model/` of an earlier stage of this run named `name`."""
+    if not name:
+        raise ConfigError("reward: model needs `reward_model` (a checkpoint path or the name of a reward stage)")
+    found = sorted(p for p in stage_dir.parent.glob(f"*-{name}") if p != stage_dir and (p / "model").is_dir())
+    if found:
+        return found[-1] / "model"
+    if Path(name).is_dir():
+        return Path(name)
+    raise ConfigError(f"reward_model '{name}' is neither a checkpoint folder nor a finished earlier stage")
+
+
+class RewardModel:
+    """Scores (prompt chat, response text) pairs with a sequence classifier (one output), batched."""
+
+    def __init__(self, path: Path, device: Any = "cpu", batch_size: int = 32):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(path)
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).to(device).eval()
+        self.model.config.pad_token_id = self.tok.pad_token_id
+        self.device, self.batch_size = device, batch_size
+
+    @torch.no_grad()
+    def __call__(self, prompts: list[Chat], responses: list[str]) -> list[float]:
+        texts = [self.tok.apply_chat_template(as_chat(p) + [{"role": "assistant", "content": r}], tokenize=False)
+                 for p, r in zip(prompts, responses, strict=True)]
+        side, self.tok.padding_side = self.tok.padding_side, "right"
+        out: list[float] = []
+        try:
+            for s in range(0, len(texts), self.batch_size):
+                enc = self.tok(texts[s:s + self.batch_size], return_tensors="pt", padding=True,
+                               add_special_tokens=False).to(self.device)
+                out.extend(self.model(**enc).logits[:, 0].float().tolist())
+        finally:
+            self.tok.padding_side = side
+        return out
+
+
+def reward_function(stage: Any, stage_dir: Path, device: Any = "cpu"):
+    """`fn(prompts, responses, answers) -> scores` for the stage's `reward` kind."""
+    if stage.reward == "verifiable":
+        def score(prompts: list[Chat], responses: list[str], answers: list[str]) -> list[float]:
+            return [verifiable(r, a, stage.format_reward) for r, a in zip(responses, answers, strict=True)]
+        return score
+    model = RewardModel(resolve_reward_model(stage.reward_model, stage_dir), device)
+
+    def score_model(prompts: list[Chat], responses: list[str], answers: list[str] | None = None) -> list[float]:
+        return model(prompts, responses)
+    return score_model

@@ -1,0 +1,76 @@
+"""Reward-model stage: TRL's RewardTrainer on preference pairs (prompt / chosen / rejected).
+
+The model is the input checkpoint as a one-output sequence classifier. A held-out tenth of the pairs
+(at least one, at most 200) is kept out of training; the stage reports the pairwise accuracy (chosen
+scored above rejected) on it before and after training. `ctx.stage_dir/model` is the classifier
+with its tokenizer, which PPO / GRPO load through `reward_model: <stage name>`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from accelerate import PartialState
+from transformers import AutoModelForSequenceClassification
+from trl import RewardConfig as TrlRewardConfig
+from trl import RewardTrainer
+
+from pipeline.config import ConfigError
+from pipeline.data import load_mixture
+from pipeline.rewards import as_chat
+from pipeline.stage import StageContext
+from pipeline.training import common_args, fit, load_tokenizer, lora_config, use_bf16
+
+log = logging.getLogger("pipeline")
+
+
+def _text(message_or_chat) -> str:
+    return message_or_chat if isinstance(message_or_chat, str) else message_or_chat[-1]["content"]
+
+
+@torch.no_grad()
+def pair_accuracy(model, tok, pairs, batch_size: int = 32) -> float:
+    """Fraction of pairs whose chosen response scores above the rejected one."""
+    from pipeline.rewards import RewardModel
+
+    scorer = RewardModel.__new__(RewardModel)
+    scorer.tok, scorer.model, scorer.device, scorer.batch_size = tok, model, model.device, batch_size
+    was_training = model.training
+    model.eval()
+    try:
+        prompts = [as_chat(p["prompt"]) for p in pairs]
+        good = scorer(prompts, [_text(p["chosen"]) for p in pairs])
+        bad = scorer(prompts, [_text(p["rejected"]) for p in pairs])
+    finally:
+        model.train(was_training)
+    return sum(g > b for g, b in zip(good, bad, strict=True)) / max(1, len(pairs))
+
+
+def run(ctx: StageContext) -> dict:
+    stage, cfg = ctx.stage, ctx.cfg
+    tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
+    data = load_mixture(stage.mixture, cfg)
+    if not {"chosen", "rejected"} <= set(data.column_names):
+        raise ConfigError(f"reward mixture '{stage.mixture}' needs `chosen` and `rejected`; it has "
+                          f"{sorted(data.column_names)}")
+    held = min(200, max(1, len(data) // 10))
+    split = data.train_test_split(test_size=held, seed=cfg.seed, shuffle=True)
+    train, test = split["train"], [dict(r) for r in split["test"]]
+    model = AutoModelForSequenceClassification.from_pretrained(
+        ctx.input_model, num_labels=1, dtype=torch.bfloat16 if use_bf16(cfg.model.precision) else torch.float32)
+    model.config.pad_token_id = tok.pad_token_id
+    state = PartialState()
+    before = pair_accuracy(model, tok, test) if state.is_main_process else None
+    args = TrlRewardConfig(**common_args(stage, ctx.stage_dir / "work", cfg.seed, cfg.model.precision),
+                           center_rewards_coefficient=stage.center_rewards_coefficient or None)
+    trainer = RewardTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
+                            peft_config=lora_config(stage))
+    metrics = fit(trainer, tok, ctx.stage_dir)
+    if state.is_main_process:
+        trained = AutoModelForSequenceClassification.from_pretrained(ctx.stage_dir / "model", num_labels=1)
+        after = pair_accuracy(trained, tok, test)
+        log.info("reward model: held-out pair accuracy %.3f -> %.3f (%d pairs)", before, after, len(test))
+    else:
+        after = None
+    return {**metrics, "heldout_pairs": len(test), "heldout_accuracy_before": before, "heldout_accuracy_after": after}
