@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
+
+from pipeline import preempt
 
 log = logging.getLogger("pipeline")
 
@@ -167,11 +169,11 @@ class PPOLoop:
         self.update = 0
         self.history: list[dict] = []
         for model in (policy, value_model):
-            _disable_dropout(model)
+            disable_dropout_in_model(model)
         self.ref = ref_model
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
-            _disable_dropout(ref_model)
+            disable_dropout_in_model(ref_model)
         params = [p for m in (policy, value_model) for p in m.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay, eps=1e-5)
         self.micro_per_minibatch = max(1, args.gradient_accumulation_steps)
@@ -360,7 +362,9 @@ class PPOLoop:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         acc.wait_for_everyone()
-        torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]},
                    tmp / f"rng-{acc.process_index}.pt")
         acc.wait_for_everyone()
         if acc.is_main_process:
@@ -378,8 +382,8 @@ class PPOLoop:
         acc.wait_for_everyone()
 
     def load(self, path: Path) -> None:
-        weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=False)
-        state = torch.load(path / "state.pt", weights_only=False)
+        weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
+        state = torch.load(path / "state.pt", weights_only=True)
         self.acc.unwrap_model(self.policy).load_state_dict(weights["policy"])
         self.acc.unwrap_model(self.value).load_state_dict(weights["value"])
         self.optimizer.load_state_dict(weights["optimizer"])
@@ -387,10 +391,11 @@ class PPOLoop:
         self.update, self.kl_coef, self.history = state["update"], state["kl_coef"], state["history"]
         rng_file = path / f"rng-{self.acc.process_index}.pt"
         if rng_file.is_file():
-            rng = torch.load(rng_file, weights_only=False)
+            rng = torch.load(rng_file, weights_only=True)
             torch.set_rng_state(rng["torch"])
             random.setstate(rng["python"])
-            np.random.set_state(rng["numpy"])
+            name, keys, pos, has_gauss, gauss = rng["numpy"]
+            np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
 
     # -- driver ----------------------------------------------------------------------------------
     def train(self, on_update: Callable[[dict], None] | None = None) -> dict:
@@ -422,6 +427,9 @@ class PPOLoop:
                          stats["rollout_tokens_per_s"])
             if on_update is not None:
                 on_update(stats)
+            if preempt.agreed():  # SIGTERM / SIGUSR1 on any rank: save this update and stop cleanly
+                self.save()
+                preempt.check(f"in ppo after update {self.update} (checkpoint in {self.work_dir})")
             if args.save_steps > 0 and self.update % args.save_steps == 0 and self.update < args.max_steps:
                 self.save()
         h = self.history
@@ -433,11 +441,3 @@ class PPOLoop:
                 "rollout_tokens_per_s": round(float(np.mean([s["rollout_tokens_per_s"] for s in h])), 1) if h else None,
                 "resumed_from": str(resumed) if resumed else None, "history": h,
                 "wall_time_s": round(time.time() - started, 2)}
-
-
-def _disable_dropout(model: Any) -> None:
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-
-

@@ -122,7 +122,7 @@ def test_two_processes_under_accelerate_launch(tmp_path, cache_dir):
 @pytest.mark.parametrize("packing", ["true", "false"])
 def test_telemetry_fields_are_present_and_sane(tmp_path, cache_dir, packing):
     proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft]",
-                   f"sft.packing={packing}", "sft.per_device_train_batch_size=4", "eval.tasks=[]")
+                   f"sft.packing={packing}", "sft.per_device_train_batch_size=4", "eval.tasks=[]", "sft.gate.metric=")
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())["metrics"]
     assert m["tokens"] == m["tokens_in_batches"] > 0  # the trainer's count equals what the batches held
