@@ -50,18 +50,23 @@ def flops_per_token(model: Any, seq_len: float) -> float:
 
 
 class CountingCollator:
-    """Wraps a data collator to count real (non-padding) and total token slots per batch."""
+    """Wraps a data collator to count real (non-padding) and total token slots per batch.
 
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.real, self.total, self.samples = inner, 0, 0, 0
+    Counts what the data loader collates, which can run one batch ahead of the last step trained.
+    """
+
+    def __init__(self, inner: Any, pad_id: int | None) -> None:
+        self.inner, self.pad_id, self.real, self.total, self.samples = inner, pad_id, 0, 0, 0
 
     def __call__(self, examples: list) -> dict:
         batch = self.inner(examples)
         ids = batch.get("input_ids") if hasattr(batch, "get") else None  # GRPO batches are lists of rows
         if ids is not None:
             mask = batch.get("attention_mask")
+            if mask is None:  # padding-free batches: like the Trainer's own count, pad ids are padding
+                mask = ids != self.pad_id if self.pad_id is not None else torch.ones_like(ids)
             self.total += ids.numel()
-            self.real += int(mask.sum()) if mask is not None else ids.numel()
+            self.real += int(mask.sum())
         self.samples += len(examples)
         return batch
 
@@ -78,7 +83,7 @@ class Telemetry(TrainerCallback):
 
     def attach(self, trainer: Any) -> Telemetry:
         """Hook into a trainer: callback plus token-counting collator."""
-        self.collator = CountingCollator(trainer.data_collator)
+        self.collator = CountingCollator(trainer.data_collator, getattr(trainer.processing_class, "pad_token_id", None))
         trainer.data_collator = self.collator
         trainer.add_callback(self)
         return self

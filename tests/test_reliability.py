@@ -168,3 +168,49 @@ def test_same_seed_same_losses_in_deterministic_mode(tmp_path, cache_dir):
         runs.append(tmp_path / name / "tiny")
     assert _losses(runs[0]) == _losses(runs[1]) and len(_losses(runs[0])) >= 6
     assert json.loads((runs[0] / "manifest.json").read_text())["deterministic"] is True
+
+
+def _wait_for_status(path: Path, status: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while (json.loads(path.read_text()) if path.exists() else {}).get("status") != status:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline, f"{path} never reached {status}"
+        time.sleep(0.05)
+
+
+def test_sigkill_during_eval_rescores_only(tmp_path, cache_dir):
+    args = ["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft]",
+            "eval.max_gen_toks=256", "eval.batch_size=4"]  # a slower eval, so the kill lands inside it
+    proc = _start(args)
+    record = tmp_path / "tiny/stages/01-sft/stage.json"
+    _wait_for_status(record, "trained", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = json.loads(record.read_text())
+    assert killed["status"] == "trained" and not killed.get("eval")  # no partial result was recorded
+    weights = (tmp_path / "tiny/stages/01-sft/model/model.safetensors").stat().st_mtime_ns
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "training from" not in again.stderr and "eval of 01-sft" in again.stderr
+    assert (tmp_path / "tiny/stages/01-sft/model/model.safetensors").stat().st_mtime_ns == weights
+    assert json.loads(record.read_text())["eval"]["samples"] == {"tiny_gsm": 50}
+
+
+def test_sigkill_during_a_sweep_candidate_keeps_the_finished_ones(tmp_path, cache_dir):
+    args = ["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft,dpo]",
+            "dpo.mixture=tiny_prefs", "dpo.on_policy.enabled=false", "dpo.max_steps=30", "dpo.save_steps=1000",
+            "dpo.per_device_train_batch_size=4", "dpo.sweep.beta=[0.1]", "dpo.sweep.learning_rate=[1e-5,2e-5]",
+            "dpo.soup.top_k=0", "dpo.merge.stage=", f"dpo.gate.metric={'tiny_gsm/exact_match,strict-match'}"]
+    proc = _start(args)
+    cands = tmp_path / "tiny/stages/02-dpo/candidates"
+    _wait_for_status(cands / "beta0.1-lr1e-05/stage.json", "done", proc)
+    _wait_for(cands / "beta0.1-lr2e-05/work", proc)  # the second candidate is training
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = (cands / "beta0.1-lr1e-05/stage.json").stat().st_mtime_ns
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "candidate beta0.1-lr1e-05: reusing" in again.stderr
+    assert "candidate beta0.1-lr2e-05: training" in again.stderr
+    assert (cands / "beta0.1-lr1e-05/stage.json").stat().st_mtime_ns == first
+    assert json.loads((tmp_path / "tiny/stages/02-dpo/stage.json").read_text())["status"] == "done"
