@@ -262,8 +262,10 @@ def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:
         if state.is_main_process:
             (tmp / "training_args.bin").unlink(missing_ok=True)
             commit_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        if state.is_main_process:  # other ranks must not touch the folder the main process writes
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     state.wait_for_everyone()
 
 
