@@ -45,7 +45,10 @@ def test_every_checkpoint_is_scored_and_gated(gated_run):
         assert ev["samples"] == {"tiny_gsm": 50} and "tiny_gsm" in ev["task_configs"]
         assert record["gate"]["verdict"] == "pass"
         samples = (gated_run / "stages" / stage / "eval" / "samples_tiny_gsm.jsonl").read_text().splitlines()
-        assert len(samples) == 50 and "<|im_start|>assistant" in json.loads(samples[0])["arguments"][0][0]
+        rows = [json.loads(line) for line in samples]  # one row per problem and answer filter
+        assert {r["doc_id"] for r in rows} == set(range(50)) and {r["filter"] for r in rows} == {"strict-match",
+                                                                                               "flexible-extract"}
+        assert "<|im_start|>assistant" in rows[0]["arguments"][0][0]
     mid = json.loads((gated_run / "stages/02-midtrain/stage.json").read_text())
     assert mid["gate"]["previous"]["checkpoint"] == "01-sft"
     assert (gated_run / "eval_tasks" / "tiny_gsm.yaml").is_file()
