@@ -53,6 +53,7 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
         "row missing a mapped column": ([f"sft.mixture={_mixture(tmp, [{'q': 1}], {'user': 'question'})}"],
                                         "rows.jsonl:1: row has no column 'question'"),
         "chosen equals rejected": (["stages=[dpo]", "dpo.on_policy.enabled=false", "dpo.gate.metric=",
+                                    "dpo.soup.top_k=0", "dpo.merge.stage=",
                                     "dpo.sweep.beta=null", "dpo.sweep.learning_rate=null",
                                     f"dpo.mixture={_mixture(tmp, [{'prompt': 'p', 'chosen': 'x', 'rejected': 'x'}])}"],
                                    "chosen equal to rejected"),
