@@ -250,6 +250,8 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     finally:
         if main:
             lock.release()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()  # a live gloo group can abort the interpreter at exit
 
 
 def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:

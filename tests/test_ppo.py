@@ -179,6 +179,8 @@ def _two_process_main(out: str) -> None:
                     log_path=out_dir / f"rank{acc.process_index}.jsonl")
     loop.train()
     (out_dir / f"world{acc.process_index}.json").write_text(json.dumps({"world_size": acc.num_processes}))
+    acc.wait_for_everyone()
+    torch.distributed.destroy_process_group()  # a live gloo group can abort the interpreter at exit
 
 
 def test_two_processes_share_statistics(tmp_path):
