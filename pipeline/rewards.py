@@ -17,6 +17,7 @@ import torch
 
 from pipeline.config import ConfigError
 from pipeline.gsm import extract_answer, is_correct
+from pipeline.stage import earlier_stage_model
 
 Chat = list[dict]
 
@@ -36,9 +37,9 @@ def resolve_reward_model(name: str, stage_dir: Path) -> Path:
     """A reward model checkpoint: a path, or the `model/` of an earlier stage of this run named `name`."""
     if not name:
         raise ConfigError("reward: model needs `reward_model` (a checkpoint path or the name of a reward stage)")
-    found = sorted(p for p in stage_dir.parent.glob(f"*-{name}") if p != stage_dir and (p / "model").is_dir())
-    if found:
-        return found[-1] / "model"
+    found = earlier_stage_model(stage_dir, name)
+    if found is not None:
+        return found
     if Path(name).is_dir():
         return Path(name)
     raise ConfigError(f"reward_model '{name}' is neither a checkpoint folder nor a finished earlier stage")

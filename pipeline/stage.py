@@ -22,3 +22,9 @@ class StageContext:
     def stage(self) -> DictConfig:
         """This stage's config section."""
         return self.cfg[self.name]
+
+
+def earlier_stage_model(stage_dir: Path, name: str) -> Path | None:
+    """The finished `model/` of the stage `name` in the same run (the latest if listed twice), or None."""
+    found = sorted(p for p in stage_dir.parent.glob(f"*-{name}") if p != stage_dir and (p / "model").is_dir())
+    return found[-1] / "model" if found else None

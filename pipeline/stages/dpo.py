@@ -29,7 +29,7 @@ from pipeline import merge
 from pipeline.config import ConfigError
 from pipeline.data import load_mixture
 from pipeline.files import atomic_dir, fingerprint, read_json, write_json, write_text
-from pipeline.stage import StageContext
+from pipeline.stage import StageContext, earlier_stage_model
 from pipeline.training import common_args, fit, load_model, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
@@ -147,9 +147,11 @@ def run(ctx: StageContext) -> dict:
         best_extra = _combine(ctx, "soup", [Path(r["output_model"]) for r in ranked[: stage.soup.top_k]], None)
         candidates.append(best_extra)
     if stage.merge.stage:
-        base = next(p for p in sorted(ctx.stage_dir.parent.glob(f"*-{stage.merge.stage}")) if p != ctx.stage_dir)
+        base = earlier_stage_model(ctx.stage_dir, stage.merge.stage)
+        if base is None:
+            raise ConfigError(f"dpo.merge.stage '{stage.merge.stage}' has no finished checkpoint in this run")
         top = candidates[-1] if stage.soup.top_k else best
-        candidates.append(_combine(ctx, "merge", [Path(top["output_model"]), base / "model"],
+        candidates.append(_combine(ctx, "merge", [Path(top["output_model"]), base],
                                    [1 - stage.merge.weight, stage.merge.weight]))
     selected = max(candidates, key=lambda r: _value(r, metric))  # max keeps the first of equal values
     if state.is_main_process:
