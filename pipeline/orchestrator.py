@@ -283,6 +283,7 @@ def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
         preempt.check(f"before stage {s.dir.name}")
         label = f"stage {s.index}/{len(stages)} {s.name}"
         path = s.dir / "stage.json"
+        ev = evaluate.settings(cfg, s.name)
         if s.action == "reuse":
             log.info("%s: reusing finished stage %s (fingerprint %s)", label, s.dir, s.fingerprint)
         if s.action in ("train", "resume"):
@@ -297,9 +298,8 @@ def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
                     if child.name != "model":
                         shutil.rmtree(child) if child.is_dir() else child.unlink()
             chain.write(path, {**record, "status": "running"})
-            ev = evaluate.settings(cfg, s.name)
             ctx = StageContext(cfg, s.name, model, s.dir, s.fingerprint,
-                               lambda m, out, ev=ev: evaluate.run_eval(m, ev, chain.tasks_dir, out, cfg.model))
+                               lambda m, out, ev=ev: chain.evaluate(m, ev, out))
             metrics = STAGES[s.name](ctx)
             scored = metrics.pop("eval", None)  # a stage that already scored its final model (sweep selection)
             chain.write(path, {**record, "status": "trained", "output_model": str(s.dir / "model"),
@@ -313,7 +313,6 @@ def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
         if s.action != "reuse":
             record = read_json(path)
             if not (record.get("eval") and record.get("eval_fingerprint") == s.eval_fingerprint):
-                ev = evaluate.settings(cfg, s.name)
                 result = chain.evaluate(s.dir / "model", ev, s.dir / "eval") if s.eval_fingerprint else None
                 record.update(eval=result, eval_fingerprint=s.eval_fingerprint)
             chain.write(path, {**record, "status": "done"})
