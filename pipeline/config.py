@@ -8,6 +8,7 @@ error here is a `ConfigError` with a one-line message naming the key, raised bef
 from __future__ import annotations
 
 import difflib
+import itertools
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,18 @@ class TinyConfig:
 
 
 @dataclass
+class PlanConfig:
+    """`plan=true`: print what the run would do, with token and GPU-hour estimates, then exit (pipeline/plan.py)."""
+
+    enabled: bool = False
+    gpu: str = "H100"  # a device of the peak-FLOPs table in pipeline/flops.py
+    num_gpus: int = 8
+    mfu: float = 0.35  # assumed model FLOPs utilisation
+    params: float = 0  # model parameters; 0: from the model's config (local config.json, known models, tiny)
+    output: str = "table"  # table | json
+
+
+@dataclass
 class RunConfig:
     recipe: str = "tiny"
     run_name: str = ""  # defaults to the recipe name
@@ -239,6 +252,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=_eval_defaults)
     base_eval: EvalConfig = field(default_factory=lambda: EvalConfig(apply_chat_template=False))
     tiny: TinyConfig = field(default_factory=TinyConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     sft: TrainConfig = field(default_factory=TrainConfig)
     midtrain: TrainConfig = field(default_factory=_midtrain_defaults)
     dpo: DpoConfig = field(default_factory=lambda: DpoConfig(learning_rate=5e-7, lr_scheduler_type="cosine"))
@@ -249,7 +263,7 @@ class RunConfig:
 
 
 STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (
-    "model", "tiny", "eval", "base_eval"))
+    "model", "tiny", "eval", "base_eval", "plan"))
 CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
@@ -319,6 +333,7 @@ def load_config(argv: list[str]) -> DictConfig:
     cfg.recipe = recipe
     for key, raw in overrides:
         value = OmegaConf.to_container(OmegaConf.from_dotlist([f"x={raw}"]))["x"] if raw else ""
+        key = "plan.enabled" if key == "plan" and isinstance(value, bool) else key  # `plan=true` shorthand
         _apply(cfg, key, value, "command line")
     if not cfg.run_name:
         cfg.run_name = recipe
@@ -384,6 +399,13 @@ def _validate_dpo(cfg: DictConfig) -> None:
                               f"{order}")
         if not 0 < dpo.merge.weight < 1:
             raise ConfigError(f"'dpo.merge.weight' must be between 0 and 1, got {dpo.merge.weight}")
+
+
+def grid(dpo: Any) -> list[dict]:
+    """The DPO sweep's candidates (beta x learning rate, sorted ascending); the stage's own values if unswept."""
+    betas = sorted(dpo.sweep.beta) if dpo.sweep.beta is not None else [dpo.beta]
+    rates = sorted(dpo.sweep.learning_rate) if dpo.sweep.learning_rate is not None else [dpo.learning_rate]
+    return [{"id": f"beta{b:g}-lr{lr:g}", "beta": b, "learning_rate": lr} for b, lr in itertools.product(betas, rates)]
 
 
 def cache_dir(cfg: DictConfig) -> Path:

@@ -50,6 +50,7 @@ class SourceConfig:
 class MixtureConfig:
     description: str = ""
     seed: int = 0
+    tokens: float = 0  # about how many tokens one pass over the weighted mixture holds (published); read by plan=true
     sources: list[SourceConfig] = field(default_factory=list)
 
 

@@ -23,6 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = load_config(argv)
+        if cfg.plan.enabled:  # dry run: print the plan, load nothing
+            from pipeline.plan import report
+
+            text = report(cfg)
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(text)
+            return 0
         from pipeline.orchestrator import run_pipeline
         from pipeline.preempt import EXIT_PREEMPTED, Preempted
 

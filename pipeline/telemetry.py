@@ -18,35 +18,11 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from pipeline.flops import flops_per_token, peak_flops
+
 log = logging.getLogger("pipeline")
 
-# Dense peak FLOP/s per device (vendor datasheets; no sparsity). Matched by substring of the name.
-PEAK_FLOPS = {
-    "H200": {"bf16": 989e12, "fp32": 67e12},
-    "H100": {"bf16": 989e12, "fp32": 67e12},
-    "A100": {"bf16": 312e12, "fp32": 19.5e12},
-    "L40S": {"bf16": 362e12, "fp32": 91.6e12},
-    "L4": {"bf16": 121e12, "fp32": 30.3e12},
-    "A10": {"bf16": 125e12, "fp32": 31.2e12},
-    "RTX 4090": {"bf16": 165e12, "fp32": 82.6e12},
-    "V100": {"bf16": None, "fp32": 15.7e12},
-}
 MEMORY_LIMIT = 0.90  # of the device's memory: save and stop above it
-
-
-def peak_flops(device_name: str | None, precision: str) -> float | None:
-    """The device's dense peak FLOP/s for `precision` (bf16 | fp32), or None when unknown."""
-    for key, peaks in PEAK_FLOPS.items():
-        if device_name and key in device_name:
-            return peaks.get(precision)
-    return None
-
-
-def flops_per_token(model: Any, seq_len: float) -> float:
-    """Training FLOPs per token (forward + backward): 6 x parameters + 12 x layers x hidden x seq_len."""
-    cfg = model.config
-    params = sum(p.numel() for p in model.parameters())
-    return 6 * params + 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
 
 
 class CountingCollator:
@@ -132,7 +108,9 @@ class Telemetry(TrainerCallback):
         peak = peak_flops(device, precision)
         mfu = None
         if peak and runtime > 0 and tokens:
-            mfu = round(tokens * flops_per_token(model, seq_len) / (runtime * peak * world_size), 4)
+            per_token = flops_per_token(sum(p.numel() for p in model.parameters()), model.config.num_hidden_layers,
+                                        model.config.hidden_size, seq_len)
+            mfu = round(tokens * per_token / (runtime * peak * world_size), 4)
         return {
             "samples": c.samples if c else None,
             "tokens_in_batches": c.real if c else None,

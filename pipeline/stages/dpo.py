@@ -14,7 +14,6 @@ simpler model wins a tie. Finished candidates are reused when the stage is resum
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import shutil
@@ -26,20 +25,13 @@ from omegaconf import OmegaConf
 from trl import DPOConfig, DPOTrainer
 
 from pipeline import merge
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, grid
 from pipeline.data import load_mixture
 from pipeline.files import atomic_dir, fingerprint, read_json, write_json, write_text
 from pipeline.stage import StageContext, earlier_stage_model
 from pipeline.training import common_args, fit, load_model, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
-
-
-def grid(stage: Any) -> list[dict]:
-    """The sweep's candidates (beta x learning rate, sorted ascending); the stage's own values if unswept."""
-    betas = sorted(stage.sweep.beta) if stage.sweep.beta is not None else [stage.beta]
-    rates = sorted(stage.sweep.learning_rate) if stage.sweep.learning_rate is not None else [stage.learning_rate]
-    return [{"id": f"beta{b:g}-lr{lr:g}", "beta": b, "learning_rate": lr} for b, lr in itertools.product(betas, rates)]
 
 
 def _pairs(ctx: StageContext) -> Any:

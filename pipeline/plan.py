@@ -1,0 +1,203 @@
+"""Plan / dry run (`plan=true`): what a run would do and roughly what it would cost, loading no model or data.
+
+Per stage, in order: the orchestrator's action, input and output checkpoints, the datasets with their
+weights, the DPO sweep's candidates, a token budget and an estimate of GPU-hours. A token budget is
+an upper bound (max_steps x global batch x max_length) or epochs x the token count a mixture states
+(`tokens:`). FLOPs per token are the telemetry's (6 x parameters + 12 x layers x hidden x max_length,
+forward + backward); GPU-hours = FLOPs / (the GPU's peak x the assumed MFU). The parameter count comes
+from the model's config, never its weights: the tiny settings, a local `config.json`, a table of known
+models, or `plan.params`. A new run folder is planned without importing torch; an existing one is
+planned by the orchestrator itself (reuse / evaluate / resume / train), which loads the training stack.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.config import ConfigError, cache_dir, grid
+from pipeline.data import load_spec, stage_mixtures
+from pipeline.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
+
+KNOWN_MODELS = {  # published config.json fields of dense Llama-style models, so that planning needs no Hub
+    "HuggingFaceTB/SmolLM3-3B": {"vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 36,
+                                 "intermediate_size": 11008, "num_attention_heads": 16, "num_key_value_heads": 4,
+                                 "tie_word_embeddings": True},
+    "HuggingFaceTB/SmolLM2-1.7B": {"vocab_size": 49152, "hidden_size": 2048, "num_hidden_layers": 24,
+                                   "intermediate_size": 8192, "num_attention_heads": 32, "tie_word_embeddings": True},
+    "HuggingFaceTB/SmolLM2-360M": {"vocab_size": 49152, "hidden_size": 960, "num_hidden_layers": 32,
+                                   "intermediate_size": 2560, "num_attention_heads": 15, "num_key_value_heads": 5,
+                                   "tie_word_embeddings": True},
+    "HuggingFaceTB/SmolLM2-135M": {"vocab_size": 49152, "hidden_size": 576, "num_hidden_layers": 30,
+                                   "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+                                   "tie_word_embeddings": True},
+}
+RL_STAGES = ("ppo", "grpo")
+
+
+def _model(cfg: DictConfig) -> dict:
+    name, t = cfg.model.name_or_path, cfg.tiny
+    path = Path(name).expanduser()
+    if name == "tiny":
+        from pipeline.tiny import tiny_dir
+
+        path = tiny_dir(cache_dir(cfg), OmegaConf.to_container(t)) / "model"
+    config, source = None, "unknown offline: set plan.params"
+    if (path / "config.json").is_file():
+        config, source = json.loads((path / "config.json").read_text()), str(path / "config.json")
+    elif name == "tiny":
+        config = {"vocab_size": t.vocab_size, "hidden_size": t.hidden_size, "num_hidden_layers": t.num_layers,
+                  "intermediate_size": t.intermediate_size, "num_attention_heads": t.num_heads,
+                  "tie_word_embeddings": True}
+        source = "the tiny settings; an upper bound, the tokenizer may learn fewer than tiny.vocab_size tokens"
+    elif re.sub(r"-(Base|Instruct)$", "", name) in KNOWN_MODELS:
+        config, source = KNOWN_MODELS[re.sub(r"-(Base|Instruct)$", "", name)], "the table of known models"
+    params = param_count(config) if config and "intermediate_size" in config else None
+    if cfg.plan.params:
+        params, source = cfg.plan.params, "plan.params"
+    config = config or {}
+    checkpoint = name if name != "tiny" else f"{path}{'' if path.is_dir() else ' (built on first use)'}"
+    return {"name": name, "checkpoint": checkpoint, "params": params, "layers": config.get("num_hidden_layers", 0),
+            "hidden": config.get("hidden_size", 0), "source": source}
+
+
+def _tokens(cfg: DictConfig, name: str) -> tuple[float | None, str]:
+    s = cfg[name]
+    if name in RL_STAGES:
+        return None, "not estimated: RL is bound by generation, which this cost model leaves out"
+    pairs = " x 2 (chosen, rejected)" if name in ("dpo", "reward") else ""
+    if s.max_steps > 0:
+        batch = s.per_device_train_batch_size * s.gradient_accumulation_steps * cfg.plan.num_gpus
+        return (s.max_steps * batch * (2 if pairs else 1) * s.max_length,
+                f"upper bound: {s.max_steps} steps x global batch {batch}{pairs} x max_length {s.max_length}")
+    parts = []
+    if s.mixture:
+        stated = load_spec(s.mixture).tokens
+        if not stated:
+            return None, f"unknown: mixture {s.mixture} states no `tokens:` and {name}.max_steps is not set"
+        parts.append((stated, f"{stated:.3g} tokens stated by mixture {s.mixture}"))
+    if "on_policy" in s and s.on_policy.enabled:
+        if not s.on_policy.max_prompts:
+            return None, f"unknown: on-policy pairs without {name}.on_policy.max_prompts"
+        parts.append((s.on_policy.max_prompts * 2 * s.max_length,
+                      f"at most {s.on_policy.max_prompts} on-policy pairs x 2 x max_length {s.max_length}"))
+    return (s.num_train_epochs * sum(t for t, _ in parts),
+            f"{s.num_train_epochs:g} epoch(s) x ({' + '.join(b for _, b in parts)})")
+
+
+def _datasets(cfg: DictConfig, name: str) -> list[dict]:
+    out = []
+    for mixture in stage_mixtures(cfg, name):
+        role = "train" if mixture == cfg[name].mixture else "on-policy prompts"
+        sources = [{"source": s.path or (f"{s.hub}[{s.name}/{s.split}]" if s.hub else f"{s.generator}:{s.split}"),
+                    "weight": s.weight} for s in load_spec(mixture).sources]
+        out.append({"mixture": mixture, "role": role, "sources": sources})
+    return out
+
+
+def build(cfg: DictConfig) -> dict:
+    """The plan as plain data (stages in order, checkpoints, data, sweep, tokens, estimates); raises ConfigError."""
+    p, precision = cfg.plan, "fp32" if cfg.model.precision == "fp32" else "bf16"
+    peak = peak_flops(p.gpu, precision)
+    if not peak:
+        raise ConfigError(f"'plan.gpu' is '{p.gpu}' (no {precision} peak known); choose one of {', '.join(PEAK_FLOPS)}")
+    if not 0 < p.mfu <= 1 or p.num_gpus < 1 or p.params < 0 or p.output not in ("table", "json"):
+        raise ConfigError("plan needs 0 < plan.mfu <= 1, plan.num_gpus >= 1, plan.params >= 0 and plan.output "
+                          f"table | json; got {OmegaConf.to_container(p)}")
+    root = Path(cfg.output_root) / cfg.run_name  # as the orchestrator names it
+    enabled = [n for n in cfg.stages if cfg[n].enabled]
+    if (root / "stages").is_dir():
+        from pipeline.orchestrator import plan  # an existing run: the orchestrator's own decision per stage
+
+        actions = {s.name: s.action for s in plan(cfg, root)}
+    else:
+        actions = dict.fromkeys(enabled, "train")
+    model = _model(cfg)
+    previous = model["checkpoint"]
+    stages = []
+    for name in cfg.stages:
+        if name not in enabled:
+            stages.append({"stage": name, "action": f"skip ({name}.enabled=false)"})
+            continue
+        out = root / "stages" / f"{enabled.index(name) + 1:02d}-{name}"
+        tokens, basis = _tokens(cfg, name)
+        row = {"stage": name, "dir": str(out), "action": actions[name], "input": previous,
+               "output": str(out / "model"), "datasets": _datasets(cfg, name), "tokens": tokens,
+               "tokens_basis": basis}
+        runs, reference = 1, 0.0
+        if name == "dpo":
+            d = cfg.dpo
+            row["sweep"] = {"candidates": grid(d), "soup_top_k": d.soup.top_k,
+                            "merge": OmegaConf.to_container(d.merge) if d.merge.stage else None,
+                            "selected_by": d.gate.metric or None}
+            runs = len(row["sweep"]["candidates"])
+            reference = (1 if d.precompute_ref_log_probs else runs) / 3  # a forward pass: a third of a step
+        if tokens and model["params"]:
+            flops = tokens * flops_per_token(model["params"], model["layers"], model["hidden"], cfg[name].max_length)
+            row["flops"] = flops * (runs + reference)
+            row["gpu_hours"] = row["flops"] / (peak * p.mfu) / 3600
+            row["wall_hours"] = row["gpu_hours"] / p.num_gpus
+        stages.append(row)
+        previous = row["output"]
+    estimated = [s for s in stages if "gpu_hours" in s]
+    return {
+        "recipe": cfg.recipe, "run_dir": str(root), "new_run": not (root / "stages").is_dir(), "model": model,
+        "assumptions": {"gpu": p.gpu, "num_gpus": p.num_gpus, "mfu": p.mfu, "precision": precision,
+                        "peak_flops": peak,
+                        "flops_per_token": "6 x params + 12 x layers x hidden x max_length (forward + backward; "
+                                           "attention over the full length: an upper bound)",
+                        "dpo": "each sweep candidate trains on the stage's tokens; reference log-probs add a forward "
+                               "pass (a third of a training step) once if precomputed, else per candidate",
+                        "not_counted": "evaluation, on-policy sampling, RL rollouts, soups and merges"},
+        "stages": stages,
+        "total_gpu_hours": sum(s["gpu_hours"] for s in estimated),
+        "total_wall_hours": sum(s["wall_hours"] for s in estimated),
+        "not_estimated": [s["stage"] for s in stages if "dir" in s and "gpu_hours" not in s],
+    }
+
+
+def report(cfg: DictConfig) -> str:
+    """The plan as JSON (`plan.output=json`) or as a readable report."""
+    plan = build(cfg)
+    if cfg.plan.output == "json":
+        return json.dumps(plan, indent=2)
+    m, a = plan["model"], plan["assumptions"]
+    size = f"{m['params']:,.0f} parameters" if m["params"] else "parameters unknown"
+    lines = [
+        f"plan for recipe {plan['recipe']} (dry run: nothing is loaded, trained or written)",
+        f"run folder: {plan['run_dir']} ({'new: every stage trains' if plan['new_run'] else 'exists'})",
+        f"model: {m['name']}, {size}, {m['layers']} layers, hidden {m['hidden']} (from {m['source']})",
+        f"ESTIMATES assume {a['num_gpus']} x {a['gpu']} at MFU {a['mfu']:g} of {a['peak_flops'] / 1e12:g} TFLOP/s "
+        f"({a['precision']}); FLOPs/token = {a['flops_per_token']}; dpo: {a['dpo']}; not counted: {a['not_counted']}",
+        "data weights: <= 1 a fraction of the source's rows, > 1 a number of rows",
+    ]
+    for s in plan["stages"]:
+        if "dir" not in s:
+            lines.append(f"\n[-] {s['stage']}: {s['action']}")
+            continue
+        lines += [f"\n[{Path(s['dir']).name}] {s['stage']}: {s['action']}", f"    input:   {s['input']}",
+                  f"    output:  {s['output']}"]
+        for d in s["datasets"]:
+            lines.append(f"    data:    {d['mixture']} ({d['role']}; weight, source)")
+            lines += [f"             {src['weight']:<6g} {src['source']}" for src in d["sources"]]
+        if "sweep" in s:
+            sw = s["sweep"]
+            lines.append(f"    sweep:   {len(sw['candidates'])} candidate(s) under {s['dir']}/candidates/: "
+                         + ", ".join(c["id"] for c in sw["candidates"]))
+            extra = [f"soup of the {sw['soup_top_k']} best"] if sw["soup_top_k"] else []
+            if sw["merge"]:
+                extra.append(f"merge with {sw['merge']['stage']} at weight {sw['merge']['weight']:g}")
+            extra.append(f"selected by {sw['selected_by'] or 'the only candidate'}")
+            lines.append(f"             {'; '.join(extra)}")
+        tokens = f"{s['tokens']:.3g}" if s["tokens"] else "?"
+        lines.append(f"    tokens:  {tokens} ({s['tokens_basis']})")
+        if "gpu_hours" in s:
+            lines.append(f"    compute: {s['flops']:.3g} FLOPs = {s['gpu_hours']:.3g} GPU-hours, "
+                         f"{s['wall_hours']:.3g} h on {a['num_gpus']} x {a['gpu']} (estimate)")
+    skipped = f", without {', '.join(plan['not_estimated'])}" if plan["not_estimated"] else ""
+    lines.append(f"\ntotal (estimate{skipped}): {plan['total_gpu_hours']:.3g} GPU-hours, "
+                 f"{plan['total_wall_hours']:.3g} h on {a['num_gpus']} x {a['gpu']}")
+    return "\n".join(lines)
