@@ -169,9 +169,11 @@ def report(cfg: DictConfig) -> str:
     lines = [
         f"plan for recipe {plan['recipe']} (dry run: nothing is loaded, trained or written)",
         f"run folder: {plan['run_dir']} ({'new: every stage trains' if plan['new_run'] else 'exists'})",
-        f"model: {m['name']}, {size}, {m['layers']} layers, hidden {m['hidden']} (from {m['source']})",
-        f"ESTIMATES assume {a['num_gpus']} x {a['gpu']} at MFU {a['mfu']:g} of {a['peak_flops'] / 1e12:g} TFLOP/s "
-        f"({a['precision']}); FLOPs/token = {a['flops_per_token']}; dpo: {a['dpo']}; not counted: {a['not_counted']}",
+        f"model: {m['name']}, {size}, " + (f"{m['layers']} layers, hidden {m['hidden']}" if m["layers"] else
+                                           "layers and hidden unknown (no attention term)") + f" (from {m['source']})",
+        f"ESTIMATES (not measurements) assume {a['num_gpus']} x {a['gpu']} at MFU {a['mfu']:g} of "
+        f"{a['peak_flops'] / 1e12:g} TFLOP/s ({a['precision']})",
+        f"  FLOPs/token = {a['flops_per_token']}", f"  dpo: {a['dpo']}", f"  not counted: {a['not_counted']}",
         "data weights: <= 1 a fraction of the source's rows, > 1 a number of rows",
     ]
     for s in plan["stages"]:
