@@ -54,7 +54,7 @@ def main() -> None:
         for name, packing in (("ours_recipe", cfg.sft.packing), ("ours_packed_bfd", True)):
             stage = OmegaConf.merge(cfg.sft, {"max_steps": args.steps, "per_device_train_batch_size": args.batch,
                                               "packing": packing, "save_steps": 10**6, "logging_steps": 10**6})
-            metrics = train(stage, cfg.model, base, tok, dataset, Path(tmp) / name, cfg.seed)
+            metrics = train(stage, cfg.model, base, tok, dataset, Path(tmp) / name, cfg.seed, Path(args.cache))
             out[f"{name}_tokens_per_s"] = metrics["tokens_per_s"]
             out[f"{name}_padding_fraction"] = metrics["padding_fraction"]
             shutil.rmtree(Path(tmp) / name, ignore_errors=True)

@@ -224,7 +224,7 @@ def ensure_base_model(cache_dir: Path, tiny: Any, model_cfg: Any, seed: int) -> 
     import datasets
 
     tok = load_tokenizer(init, model_cfg, need_template=False)
-    metrics = train(settings, model_cfg, init, tok, datasets.Dataset.from_list(rows), root, seed)
+    metrics = train(settings, model_cfg, init, tok, datasets.Dataset.from_list(rows), root, seed, cache_dir)
     if PartialState().is_main_process:
         from pipeline.files import write_json
 

@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import torch
 from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
+from trl.chat_template_utils import is_chat_template_stop_token_trained
 
-from pipeline import preempt
+from pipeline import preempt, tokcache
 from pipeline.config import ConfigError
 from pipeline.files import commit_dir, read_json
 from pipeline.telemetry import MEMORY_LIMIT, Telemetry
@@ -55,16 +57,6 @@ def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
     return tok
 
 
-def tokenise_text(dataset: Any, tok: Any) -> Any:
-    """Documents (`text`) as `input_ids` ending in EOS (once: rendered chats already end with it)."""
-    def encode(row: dict) -> dict:
-        ids = tok(row["text"], add_special_tokens=False)["input_ids"]
-        ends = row["text"].rstrip().endswith(tok.eos_token)
-        return {"input_ids": ids if ends else ids + [tok.eos_token_id]}
-
-    return dataset.map(encode, remove_columns=dataset.column_names)
-
-
 def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
     """Refuse data that cannot feed this stage's format, before the model loads."""
     cols = set(dataset.column_names)
@@ -75,6 +67,9 @@ def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
     if stage.assistant_only_loss and "generation" not in (tok.chat_template or ""):
         raise ConfigError(f"stage '{name}': assistant_only_loss needs a chat template with "
                           "{% generation %} markers around assistant turns")
+    if stage.assistant_only_loss and not is_chat_template_stop_token_trained(tok):
+        log.warning("stage %s: the chat template leaves the assistant's end-of-turn token out of the loss mask; the "
+                    "model may not learn to stop", name)
 
 
 def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
@@ -105,8 +100,8 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
     )
 
 
-def check_lengths(dataset: Any, stage: Any, tok: Any, name: str) -> int:
-    """Apply the truncation policy; return how many rows will be cut.
+def check_lengths(dataset: Any, stage: Any, name: str) -> int:
+    """Apply the truncation policy to tokenised rows; return how many rows will be cut.
 
     Rows longer than `max_length` keep their start and lose their end (TRL's truncation), unless
     packing splits them (`wrapped`, `bfd_split`). The count is logged; if every row would be cut,
@@ -114,12 +109,8 @@ def check_lengths(dataset: Any, stage: Any, tok: Any, name: str) -> int:
     """
     if stage.packing and stage.packing_strategy in ("wrapped", "bfd_split"):
         return 0
-    if "input_ids" in dataset.column_names:
-        lengths = [len(ids) for ids in dataset["input_ids"]]
-    else:
-        lengths = [len(tok(tok.apply_chat_template(m, tokenize=False), add_special_tokens=False)["input_ids"])
-                   for m in dataset["messages"]]
-    long = sum(n > stage.max_length for n in lengths)
+    lengths = pc.list_value_length(dataset.with_format("arrow")["input_ids"]).to_numpy()
+    long = int((lengths > stage.max_length).sum())
     if long == len(lengths):
         raise ConfigError(f"stage '{name}': all {long} rows are longer than max_length={stage.max_length} tokens "
                           f"(shortest: {min(lengths)}); raise max_length or fix the data")
@@ -137,7 +128,7 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
         packing=stage.packing,
         packing_strategy=stage.packing_strategy,
         padding_free=stage.padding_free and not wrapped,
-        assistant_only_loss=stage.assistant_only_loss,
+        assistant_only_loss=False,  # rows come tokenised; their `assistant_masks` column masks the loss
         include_num_input_tokens_seen="non_padding",
     )
 
@@ -229,15 +220,16 @@ def _is_peft(model: Any) -> bool:
     return hasattr(model, "merge_and_unload")
 
 
-def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int) -> dict:
+def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int,
+          cache_dir: Path) -> dict:
     """SFT / mid-training of `model_path` on `dataset` into `stage_dir/model`; return the metrics.
 
-    Intermediate checkpoints go to `stage_dir/work`; if one exists the run resumes from it.
+    The rows are tokenised once into `cache_dir` (see `tokcache`). Intermediate checkpoints go to
+    `stage_dir/work`; if one exists the run resumes from it.
     """
     check_columns(dataset, stage, tok, stage_dir.name)
-    if stage.format == "text":
-        dataset = tokenise_text(dataset, tok)
-    truncated = check_lengths(dataset, stage, tok, stage_dir.name)
+    dataset = tokcache.tokenised(dataset, stage, tok, cache_dir, stage_dir.name)
+    truncated = check_lengths(dataset, stage, stage_dir.name)
     trainer = SFTTrainer(model=load_model(model_path, model_cfg),
                          args=sft_args(stage, stage_dir / "work", seed, model_cfg.precision),
                          train_dataset=dataset, processing_class=tok, peft_config=lora_config(stage))

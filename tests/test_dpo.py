@@ -10,8 +10,13 @@ import pytest
 import torch
 from conftest import FAST, run_cli
 from safetensors.torch import load_file
+from trl import DPOTrainer
 
+from pipeline.config import load_config
 from pipeline.gsm import is_correct
+from pipeline.stage import StageContext
+from pipeline.stages import dpo
+from pipeline.training import load_tokenizer
 
 pytestmark = pytest.mark.slow
 METRIC = "tiny_gsm/exact_match,strict-match"
@@ -122,3 +127,59 @@ def test_interrupted_sweep_reuses_finished_candidates(sweep_run, tmp_path):
     assert proc.stderr.count(": training (beta") == 3
     assert kept.stat().st_mtime_ns == before
     assert json.loads((dpo / "stage.json").read_text())["status"] == "done"
+
+
+def test_reference_log_probs_are_computed_once_per_stage(sweep_run):
+    _, _, proc = sweep_run
+    assert proc.stderr.count("computed once for every candidate") == 1
+    assert proc.stderr.count(": training (beta") == 4
+
+
+def _stage(cache_dir, tiny_base, out, *overrides) -> tuple:
+    """A DPO stage context on the tiny base and `tiny_prefs` pairs (3 steps of 4 pairs), its tokenizer and pairs."""
+    cfg = load_config(["recipe=tiny", f"cache_dir={cache_dir}", *FAST, "stages=[dpo]", "dpo.mixture=tiny_prefs",
+                       "dpo.on_policy.enabled=false", "dpo.max_steps=3", "dpo.per_device_train_batch_size=4",
+                       "dpo.logging_steps=1", "dpo.soup.top_k=0", "dpo.merge.stage=", *overrides])
+    ctx = StageContext(cfg, "dpo", tiny_base, out)
+    return ctx, load_tokenizer(tiny_base, cfg.model, need_template=True), dpo._on_disk(dpo._pairs(ctx), out / "pairs")
+
+
+@pytest.fixture(scope="module")
+def shared_sweep(tmp_path_factory, cache_dir, tiny_base):
+    """Two sweep candidates trained on reference log-probs computed once; reference forwards counted."""
+    out = tmp_path_factory.mktemp("shared")
+    forwards, real = [], DPOTrainer.compute_ref_log_probs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DPOTrainer, "compute_ref_log_probs", lambda self, *a: forwards.append(1) or real(self, *a))
+        ctx, tok, pairs = _stage(cache_dir, tiny_base, out)
+        shared = dpo._with_reference(ctx, tok, pairs, out / "pairs_ref")
+        counts = {"reference": len(forwards)}
+        metrics = {}
+        for cand in dpo.grid(ctx.stage)[:2]:
+            metrics[cand["id"]] = dpo._train(ctx, tok, shared, cand, out / cand["id"])
+            counts[cand["id"]] = len(forwards) - sum(counts.values())
+        dpo._with_reference(ctx, tok, pairs, out / "pairs_ref")
+        counts["again"] = len(forwards) - sum(counts.values())
+    return counts, metrics, shared, len(pairs)
+
+
+def test_candidates_read_the_stored_reference_log_probs_without_a_reference_forward(shared_sweep):
+    counts, metrics, shared, n_pairs = shared_sweep
+    assert counts["reference"] == -(-n_pairs // 4)  # one forward per batch of 4 pairs, once
+    assert list(counts.values())[1:] == [0, 0, 0]
+    assert len(shared) == n_pairs and {"ref_chosen_logps", "ref_rejected_logps"} <= set(shared.column_names)
+    assert all(-1e4 < lp < 0 for lp in [*shared["ref_chosen_logps"], *shared["ref_rejected_logps"]])
+    assert all(len(m["losses"]) == 3 for m in metrics.values())
+
+
+def test_shared_reference_log_probs_give_the_losses_of_a_per_step_reference(shared_sweep, cache_dir, tiny_base,
+                                                                             tmp_path):
+    _, metrics, _, _ = shared_sweep
+    ctx, tok, pairs = _stage(cache_dir, tiny_base, tmp_path, "dpo.precompute_ref_log_probs=false")
+    cand = dpo.grid(ctx.stage)[1]
+    per_step = dpo._train(ctx, tok, pairs, cand, tmp_path / cand["id"])
+    shared = metrics[cand["id"]]
+    assert [s for s, _ in per_step["losses"]] == [s for s, _ in shared["losses"]] == [1, 2, 3]
+    assert [v for _, v in shared["losses"]] == pytest.approx([v for _, v in per_step["losses"]], abs=1e-5)
+    assert shared["last_logged"]["rewards/margins"] == pytest.approx(per_step["last_logged"]["rewards/margins"],
+                                                                    abs=1e-5)

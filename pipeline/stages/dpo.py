@@ -67,8 +67,8 @@ def _pairs(ctx: StageContext) -> Any:
 
 
 def _on_disk(pairs: Any, path: Path) -> Any:
-    """The pairs as a disk-backed dataset: every candidate then hits the same cache files for
-    tokenisation and for the reference log-probs (TRL keys both by the dataset's fingerprint)."""
+    """The pairs as a disk-backed dataset: every candidate then reuses TRL's tokenisation of them
+    (datasets caches a map beside the data, keyed by the dataset's fingerprint)."""
     import datasets
 
     if PartialState().is_main_process and not path.is_dir():
@@ -78,16 +78,51 @@ def _on_disk(pairs: Any, path: Path) -> Any:
     return datasets.load_from_disk(str(path))
 
 
-def _train(ctx: StageContext, tok: Any, pairs: Any, cand: dict, out: Path) -> dict:
+class SharedRefDPOTrainer(DPOTrainer):
+    """DPOTrainer that uses reference log-probs already stored with the pairs instead of recomputing them.
+
+    TRL caches its precomputed log-probs under a fingerprint that includes every training argument
+    (beta, learning rate, output folder), so sweep candidates would each run the reference again.
+    """
+
+    def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
+        if {"ref_chosen_logps", "ref_rejected_logps"} <= set(dataset.column_names):
+            return dataset
+        return super()._precompute_ref_logps(dataset, name, batch_size)
+
+
+def _trainer(ctx: StageContext, tok: Any, pairs: Any, cand: dict, work: Path) -> DPOTrainer:
     stage = ctx.stage
     args = DPOConfig(
-        **{**common_args(stage, out / "work", ctx.cfg.seed, ctx.cfg.model.precision),
-           "learning_rate": cand["learning_rate"]},
+        **{**common_args(stage, work, ctx.cfg.seed, ctx.cfg.model.precision), "learning_rate": cand["learning_rate"]},
         beta=cand["beta"], loss_type=list(stage.loss_type), loss_weights=list(stage.loss_weights) or None,
         padding_free=stage.padding_free, precompute_ref_log_probs=stage.precompute_ref_log_probs)
-    trainer = DPOTrainer(model=load_model(ctx.input_model, ctx.cfg.model), ref_model=None, args=args,
-                         train_dataset=pairs, processing_class=tok, peft_config=lora_config(stage))
-    return fit(trainer, tok, out)
+    return SharedRefDPOTrainer(model=load_model(ctx.input_model, ctx.cfg.model), ref_model=None, args=args,
+                               train_dataset=pairs, processing_class=tok, peft_config=lora_config(stage))
+
+
+def _with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:
+    """The pairs, tokenised, with the reference model's log-probs: computed once per stage (TRL's
+    precompute, all ranks) and stored in `path`, so no candidate runs the reference model."""
+    import datasets
+
+    state = PartialState()
+    if not path.is_dir():
+        work = ctx.stage_dir / "reference"  # the trainer's output folder: it trains nothing, nothing is saved
+        trainer = _trainer(ctx, tok, pairs, grid(ctx.stage)[0], work)
+        log.info("reference log-probs of %d pairs computed once for every candidate: %s", len(trainer.train_dataset),
+                 path)
+        if state.is_main_process:
+            with atomic_dir(path) as tmp:
+                trainer.train_dataset.save_to_disk(str(tmp))
+            shutil.rmtree(work, ignore_errors=True)
+        del trainer
+    state.wait_for_everyone()
+    return datasets.load_from_disk(str(path))
+
+
+def _train(ctx: StageContext, tok: Any, pairs: Any, cand: dict, out: Path) -> dict:
+    return fit(_trainer(ctx, tok, pairs, cand, out / "work"), tok, out)
 
 
 def _score(ctx: StageContext, record: dict, out: Path) -> dict:
@@ -110,6 +145,8 @@ def run(ctx: StageContext) -> dict:
     metric = stage.gate.metric
     tok = load_tokenizer(ctx.input_model, ctx.cfg.model, need_template=True)
     pairs = _on_disk(_pairs(ctx), ctx.stage_dir / "pairs")
+    if stage.precompute_ref_log_probs:
+        pairs = _with_reference(ctx, tok, pairs, ctx.stage_dir / "pairs_ref")
     candidates = []
     for cand in grid(stage):
         out = ctx.stage_dir / "candidates" / cand["id"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline.config import cache_dir
 from pipeline.data import load_mixture
 from pipeline.stage import StageContext
 from pipeline.training import load_tokenizer, train
@@ -15,4 +16,5 @@ def run(ctx: StageContext) -> dict:
         def render(row: dict) -> str:
             return tok.apply_chat_template(row["messages"], tokenize=False, **(row.get("chat_template_kwargs") or {}))
     dataset = load_mixture(ctx.stage.mixture, ctx.cfg, render)
-    return train(ctx.stage, ctx.cfg.model, ctx.input_model, tok, dataset, ctx.stage_dir, ctx.cfg.seed)
+    return train(ctx.stage, ctx.cfg.model, ctx.input_model, tok, dataset, ctx.stage_dir, ctx.cfg.seed,
+                 cache_dir(ctx.cfg))

@@ -1,0 +1,106 @@
+"""Tokenised SFT / mid-training data, cached on disk so sweeps, reruns and resumed runs tokenise once.
+
+A stage's rows are tokenised into `<cache_dir>/tokenized/<key>/` (datasets `save_to_disk`, written
+to a temporary folder and renamed). The key hashes the rows' content (the mixed and shuffled
+mixture, per-row chat-template kwargs included), the tokenizer's saved files (vocabulary, special
+tokens, chat template), the stage's format, assistant-only loss and max_length, the library
+versions and `VERSION`. Chat rows go through TRL's own per-row tokenisation (`_tokenize`, called as
+SFTTrainer calls it), giving `input_ids` and, with assistant-only loss, `assistant_masks`;
+SFTTrainer then skips tokenising and only builds labels, truncates and packs (steps that datasets
+caches beside the tokens). Documents (`format: text`) become `input_ids` ending in EOS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import transformers
+import trl
+from accelerate import PartialState
+from trl.data_utils import _tokenize
+
+from pipeline.config import ConfigError
+from pipeline.files import atomic_dir, fingerprint
+
+VERSION = 1  # bump when the tokenisation below changes what it writes
+
+log = logging.getLogger("pipeline")
+
+
+def content_hash(dataset: Any) -> str:
+    """sha256 of a dataset's rows, in order (Arrow IPC bytes of fixed-size batches)."""
+    digest = hashlib.sha256()
+    for batch in dataset.with_format("arrow").iter(batch_size=10_000):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_table(batch.combine_chunks())
+        digest.update(sink.getvalue())
+    return digest.hexdigest()
+
+
+def tokenizer_hash(tok: Any) -> str:
+    """sha256 of the files `save_pretrained` writes for `tok` (vocabulary, specials, chat template)."""
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as tmp:
+        tok.save_pretrained(tmp)
+        for path in sorted(Path(tmp).rglob("*")):
+            if path.is_file():
+                digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(dataset: Any, stage: Any, tok: Any) -> str:
+    """The cache entry's name: every input that changes the tokens, and the code that makes them."""
+    return fingerprint({"rows": content_hash(dataset), "tokenizer": tokenizer_hash(tok), "format": stage.format,
+                        "assistant_only_loss": stage.assistant_only_loss, "max_length": stage.max_length,
+                        "version": VERSION, "trl": trl.__version__, "transformers": transformers.__version__})
+
+
+def tokenise_chat(row: dict, tok: Any, assistant_only_loss: bool) -> dict:
+    """One chat row as SFTTrainer tokenises it: `input_ids` (+ `assistant_masks` for assistant-only loss)."""
+    processed = _tokenize(tok, row["messages"], return_assistant_tokens_mask=assistant_only_loss, chat_template=None,
+                          tools=None, **(row.get("chat_template_kwargs") or {}))
+    return {k: processed[k] for k in ("input_ids", "assistant_masks") if k in processed}
+
+
+def tokenise_text(row: dict, tok: Any) -> dict:
+    """One document (`text`) as `input_ids` ending in EOS (once: rendered chats already end with it)."""
+    ids = tok(row["text"], add_special_tokens=False)["input_ids"]
+    ends = row["text"].rstrip().endswith(tok.eos_token)
+    return {"input_ids": ids if ends else ids + [tok.eos_token_id]}
+
+
+def tokenise(dataset: Any, stage: Any, tok: Any) -> Any:
+    """Tokenise every row for the stage's format; refuse chat rows with no assistant token to learn."""
+    if stage.format == "text":
+        return dataset.map(tokenise_text, fn_kwargs={"tok": tok}, remove_columns=dataset.column_names)
+    out = dataset.map(tokenise_chat, fn_kwargs={"tok": tok, "assistant_only_loss": stage.assistant_only_loss},
+                      remove_columns=dataset.column_names)
+    if stage.assistant_only_loss:
+        empty = [i for i, mask in enumerate(out["assistant_masks"]) if 1 not in mask]
+        if empty:
+            raise ConfigError(f"{len(empty)} chat row(s) have no assistant tokens to train on (first: row "
+                              f"{empty[0] + 1}); add an assistant turn or set assistant_only_loss=false")
+    return out
+
+
+def tokenised(dataset: Any, stage: Any, tok: Any, cache_dir: Path, name: str) -> Any:
+    """`dataset` tokenised for `stage`, from the cache or tokenised now and stored (main process writes)."""
+    state = PartialState()
+    path = Path(cache_dir) / "tokenized" / cache_key(dataset, stage, tok)
+    if state.is_main_process:
+        if path.is_dir():
+            log.info("%s: tokenised data: cache hit %s", name, path)
+        else:
+            log.info("%s: tokenised data: cache miss, tokenising %d rows into %s", name, len(dataset), path)
+            tokens = tokenise(dataset, stage, tok)
+            with atomic_dir(path) as tmp:
+                tokens.save_to_disk(str(tmp))
+    state.wait_for_everyone()
+    return datasets.load_from_disk(str(path))
