@@ -91,12 +91,17 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     import torch
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.time()
     cuda = torch.cuda.is_available()
-    lm = HFLM(pretrained=str(model_path), batch_size=ev["batch_size"], device="cuda" if cuda else "cpu",
-              dtype="bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32",
-              trust_remote_code=model_cfg.trust_remote_code)
+    # A loaded model rather than a path: lm-eval then starts no Accelerator of its own, which in a multi-process
+    # launch would share the samples with ranks that are not evaluating (GPUs) or take on DeepSpeed's settings.
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32,
+        trust_remote_code=model_cfg.trust_remote_code).to("cuda" if cuda else "cpu")
+    tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
+    lm = HFLM(pretrained=model, tokenizer=tok, batch_size=ev["batch_size"])
     fewshot = ev["num_fewshot"] if ev["num_fewshot"] >= 0 else None
     results = simple_evaluate(
         model=lm, tasks=list(ev["tasks"]), num_fewshot=fewshot, limit=ev["limit"] or None,

@@ -229,13 +229,19 @@ class Chain:
 def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     """Run the configured chain; return the exit code (0: every stage passed, 3: a gate stopped it)."""
     import torch
-    from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
 
+    from pipeline.training import deepspeed_on, process_state
+
+    if deepspeed_on() and "ppo" in cfg.stages and cfg.ppo.enabled:
+        raise ConfigError("stage 'ppo' does not run under DeepSpeed (its loop trains a policy and a value model in one "
+                          "Accelerator; accelerate's DeepSpeed takes one model per engine): run the chain with "
+                          "ppo.enabled=false here, then the same command under recipes/accelerate/ddp.yaml (or "
+                          "cpu.yaml), which reuses the finished stages")
     if not torch.cuda.is_available():  # accelerate launch pins CPU runs to 1 thread; share the cores instead
         share = (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         torch.set_num_threads(int(os.environ.get("PIPELINE_CPU_THREADS", 0)) or max(1, share))
-    state = PartialState(cpu=not torch.cuda.is_available())
+    state = process_state()
     if cfg.model.name_or_path != "tiny":
         check_model_path(cfg.model.name_or_path)
     root = run_dir(cfg)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,9 @@ from typing import Any
 import pyarrow.compute as pc
 import torch
 from accelerate import PartialState
+from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import is_chat_template_stop_token_trained
 
@@ -72,6 +76,24 @@ def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
                     "model may not learn to stop", name)
 
 
+def deepspeed_on() -> bool:
+    """Whether `accelerate launch` runs this process under DeepSpeed (a config with `distributed_type: DEEPSPEED`)."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+
+
+def process_state() -> PartialState:
+    """The process group, created once per process before any trainer.
+
+    DeepSpeed without CUDA (PLATFORM.md): accelerate would pick no backend and fill DeepSpeed's "auto"
+    batch sizes for a world size of 1, so the state is created over gloo first and every trainer
+    reuses it (`common_args`). Otherwise a plain state (CPU processes over gloo when there is no GPU).
+    """
+    if deepspeed_on() and not torch.cuda.is_available():
+        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")  # per DeepSpeed call
+        return PartialState(backend="gloo")
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
 def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
     """TrainingArguments shared by every TRL trainer we drive (bf16 on capable GPUs, CPU-safe otherwise)."""
     return dict(
@@ -97,7 +119,17 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
         use_cpu=not torch.cuda.is_available(),
         report_to="none",
         disable_tqdm=not (PartialState().is_main_process and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
+        **_configured_state(),
     )
+
+
+def _configured_state() -> dict:
+    """DeepSpeed without CUDA: the trainer keeps `process_state`'s gloo group, with a fresh accelerator state
+    (accelerate takes one DeepSpeed plugin per state, and the previous stage's trainer left its own)."""
+    if not (deepspeed_on() and not torch.cuda.is_available()):
+        return {}
+    AcceleratorState._reset_state()
+    return {"accelerator_config": {"use_configured_state": True}}
 
 
 def check_lengths(dataset: Any, stage: Any, name: str) -> int:
@@ -170,6 +202,7 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
         if telemetry.memory_stop:
             raise preempt.Preempted(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name}; checkpoint saved")
         _save(trainer, tok, out_dir / "model", merge_lora=_is_peft(trainer.model))
+    unset_hf_deepspeed_config()  # ZeRO-3 must not partition what one process loads later (eval, sampling)
     runtime = result.metrics.get("train_runtime", 0.0)
     history = trainer.state.log_history
     losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
@@ -194,9 +227,17 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
         "tokens_per_s": round(tokens / max(runtime, 1e-9), 1) if tokens else None,
         "resumed_from": resume,
         "wall_time_s": round(time.time() - started, 2),
+        **parallelism(trainer.accelerator),
         **tele,
         **({"last_logged": logged} if logged else {}),
     }
+
+
+def parallelism(accelerator: Any) -> dict:
+    """How the trainer really ran: its world size, distributed type and ZeRO stage (None without DeepSpeed)."""
+    plugin = accelerator.state.deepspeed_plugin
+    return {"world_size": accelerator.num_processes, "distributed_type": accelerator.distributed_type.value,
+            "zero_stage": plugin.zero_stage if plugin else None}
 
 
 def last_complete_checkpoint(work_dir: Path) -> str | None:
