@@ -118,6 +118,9 @@ class SweepConfig:
 
     beta: list[float] | None = None  # null: not swept (the stage's own beta)
     learning_rate: list[float] | None = None
+    # Train only this grid index into candidates/<id>/ and stop, the stage unfinished (one Slurm array task of
+    # slurm/sweep.sh); a later run without it reuses the candidates and selects. Not part of the fingerprint.
+    candidate: int | None = None
 
 
 @dataclass
@@ -377,9 +380,11 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _validate_dpo(cfg: DictConfig) -> None:
-    if "dpo" not in cfg.stages:
-        return
     dpo = cfg.dpo
+    if "dpo" not in cfg.stages or not dpo.enabled:
+        if dpo.sweep.candidate is not None:
+            raise ConfigError("'dpo.sweep.candidate' trains one candidate of the dpo stage: list dpo in 'stages'")
+        return
     if dpo.loss_weights and len(dpo.loss_weights) != len(dpo.loss_type):
         raise ConfigError(f"'dpo.loss_weights' has {len(dpo.loss_weights)} weights for {len(dpo.loss_type)} loss types")
     for key in ("beta", "learning_rate"):
@@ -388,6 +393,10 @@ def _validate_dpo(cfg: DictConfig) -> None:
             raise ConfigError(f"'dpo.sweep.{key}' is an empty grid: list values, or null to keep dpo.{key}")
         if values is not None and any(v <= 0 for v in values):
             raise ConfigError(f"'dpo.sweep.{key}' values must be > 0, got {list(values)}")
+    size = len(grid(dpo))
+    if dpo.sweep.candidate is not None and not 0 <= dpo.sweep.candidate < size:
+        raise ConfigError(f"'dpo.sweep.candidate' is {dpo.sweep.candidate}; the sweep has {size} candidate(s), "
+                          f"numbered 0 to {size - 1}")
     if dpo.on_policy.enabled and (not dpo.on_policy.mixture or dpo.on_policy.samples < 2):
         raise ConfigError("'dpo.on_policy' needs a mixture of prompts with answers and samples >= 2")
     if dpo.soup.top_k < 0 or dpo.soup.top_k == 1:
@@ -416,4 +425,6 @@ def cache_dir(cfg: DictConfig) -> Path:
 def stage_section(cfg: DictConfig, name: str) -> dict:
     """A stage's training config as a plain dict (for fingerprints and stage.json): no eval, no gate."""
     section = OmegaConf.to_container(cfg[name], resolve=True)
+    if "sweep" in section:
+        del section["sweep"]["candidate"]  # which candidate one job trains does not change the stage
     return {k: v for k, v in section.items() if k not in ("eval", "gate")}

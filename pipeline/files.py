@@ -102,14 +102,14 @@ def fingerprint(obj: Any) -> str:
 
 
 class RunLock:
-    """An exclusive lock on a run folder: `<run>/.lock` holding the owner's pid and host.
+    """An exclusive lock on a run folder: `<run>/<name>` (default `.lock`) holding the owner's pid and host.
 
     A second pipeline on the same run is refused; a lock left by a dead process on this host is
     taken over.
     """
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / ".lock"
+    def __init__(self, run_dir: Path, name: str = ".lock") -> None:
+        self.path = Path(run_dir) / name
         self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
 
     def acquire(self) -> None:

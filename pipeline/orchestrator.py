@@ -214,8 +214,9 @@ class Chain:
             previous = next(((c, m[metric]) for c, m in reversed(self.history) if metric in m), None)
             verdict = gates.judge(self.cfg[s.name].gate, record["eval"]["metrics"], previous)
             self.history.append((s.dir.name, record["eval"]["metrics"]))
-        if record.get("gate") != verdict:
-            self.write(path, {**record, "gate": verdict})
+        # unconditionally: the main process may rewrite the file before another rank reads it, and a
+        # condition on its content would then skip that rank's barrier in `write` and hang the others
+        self.write(path, {**record, "gate": verdict})
         self.export()
         return verdict
 
@@ -246,7 +247,8 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
         check_model_path(cfg.model.name_or_path)
     root = run_dir(cfg)
     main = state.is_main_process
-    lock = RunLock(root)
+    one = cfg.dpo.sweep.candidate  # one DPO sweep candidate: array tasks share the run folder, one lock each
+    lock = RunLock(root) if one is None else RunLock(root, f".lock-dpo-candidate-{one}")
     problem = [open_run_dir(root, lock) if main else None]
     broadcast_object_list(problem)
     if problem[0]:
@@ -273,6 +275,8 @@ def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
     setup_logging(root / "pipeline.log" if main else None, main)
     started = time.time()
     stages = plan(cfg, root)
+    if cfg.dpo.sweep.candidate is not None:  # one sweep candidate (a Slurm array task): nothing after dpo
+        stages = stages[: [s.name for s in stages].index("dpo") + 1]
     chain = Chain(cfg, root, state)
     if main:
         evaluate.write_tasks(cfg, chain.tasks_dir)
@@ -307,6 +311,10 @@ def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
             ctx = StageContext(cfg, s.name, model, s.dir, s.fingerprint,
                                lambda m, out, ev=ev: chain.evaluate(m, ev, out))
             metrics = STAGES[s.name](ctx)
+            if metrics is None:  # dpo.sweep.candidate: one candidate trained, the stage stays unfinished
+                log.info("%s: sweep candidate %d done; a run without dpo.sweep.candidate selects and goes on",
+                         label, cfg.dpo.sweep.candidate)
+                return 0
             scored = metrics.pop("eval", None)  # a stage that already scored its final model (sweep selection)
             chain.write(path, {**record, "status": "trained", "output_model": str(s.dir / "model"),
                                "metrics": metrics, "wall_time_s": round(time.time() - t0, 2),

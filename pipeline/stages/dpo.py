@@ -139,16 +139,19 @@ def _value(record: dict, metric: str) -> float:
     return (record.get("eval") or {}).get("metrics", {}).get(metric, float("-inf"))
 
 
-def run(ctx: StageContext) -> dict:
-    """Train every candidate, add soup / merge, select by the gate metric into `ctx.stage_dir/model`."""
+def run(ctx: StageContext) -> dict | None:
+    """Train every candidate, add soup / merge, select by the gate metric into `ctx.stage_dir/model`.
+
+    With `sweep.candidate` set, train only that candidate and return None: the stage is unfinished.
+    """
     stage, state = ctx.stage, PartialState()
     metric = stage.gate.metric
     tok = load_tokenizer(ctx.input_model, ctx.cfg.model, need_template=True)
     pairs = _on_disk(_pairs(ctx), ctx.stage_dir / "pairs")
     if stage.precompute_ref_log_probs:
         pairs = _with_reference(ctx, tok, pairs, ctx.stage_dir / "pairs_ref")
-    candidates = []
-    for cand in grid(stage):
+    candidates, cands = [], grid(stage)
+    for cand in cands if stage.sweep.candidate is None else [cands[stage.sweep.candidate]]:
         out = ctx.stage_dir / "candidates" / cand["id"]
         fp = fingerprint({"stage": ctx.fingerprint, "candidate": cand})
         record = read_json(out / "stage.json") or {}
@@ -170,6 +173,8 @@ def run(ctx: StageContext) -> dict:
             record = _score(ctx, record, out)
         log.info("candidate %s: %s = %s", cand["id"], metric or "-", _value(record, metric))
         candidates.append(record)
+    if stage.sweep.candidate is not None:
+        return None
     ranked = sorted(candidates, key=lambda r: -_value(r, metric))  # stable: ties keep grid order
     best = ranked[0]
     if stage.soup.top_k:

@@ -1,0 +1,229 @@
+"""The Slurm batch scripts (slurm/) against a real single-node Slurm started here (PLATFORM.md, "Slurm").
+
+Needs root and Debian's `slurm-wlm` and `munge` (`.ci/run` installs them); skipped without `sbatch`
+outside CI only. The node has 2 CPUs and no GPUs, so every job asks for `--gpus-per-node=0` and CPUs that
+fit; `launch.sh` then runs the pipeline on CPU processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FAST, ROOT
+
+METRIC = "tiny_gsm/exact_match,strict-match"
+NO_EVAL = ["eval.tasks=[]", "sft.gate.metric=", "midtrain.gate.metric="]
+
+
+def _slurm_conf(state: Path, host: str) -> str:
+    memory_mb = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 * 8 // 10
+    return f"""ClusterName=pipeline-test
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+# a requeued job waits cred_expire + 1 s (default 120) and the scheduler's next pass: keep both short
+AuthInfo=cred_expire=5
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
+ReturnToService=2
+StateSaveLocation={state}/ctld
+SlurmdSpoolDir={state}/spool
+SlurmctldPidFile={state}/slurmctld.pid
+SlurmdPidFile={state}/slurmd.pid
+SlurmctldLogFile={state}/slurmctld.log
+SlurmdLogFile={state}/slurmd.log
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory={memory_mb} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory) -> Iterator[dict]:
+    """Start munged (if not running), slurmctld and slurmd on this machine; yield the environment for jobs."""
+    missing = [cmd for cmd in ("sbatch", "slurmctld", "slurmd", "munged") if not shutil.which(cmd)]
+    if missing or os.geteuid() != 0:
+        why = f"Slurm needs root and slurm-wlm + munge (missing: {missing or 'root'})"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    state = tmp_path_factory.mktemp("slurm")
+    for sub in ("ctld", "spool"):
+        (state / sub).mkdir()
+    conf = state / "slurm.conf"
+    conf.write_text(_slurm_conf(state, socket.gethostname().split(".")[0]))
+    for path in ("/run/munge", "/var/lib/munge", "/var/log/munge"):
+        os.makedirs(path, exist_ok=True)
+        shutil.chown(path, "munge", "munge")
+    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode:
+        subprocess.run(["runuser", "-u", "munge", "--", shutil.which("munged")], check=True)
+    env = {**os.environ, "SLURM_CONF": str(conf), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    subprocess.run(["slurmctld", "-c", "-f", str(conf)], check=True, env=env)
+    subprocess.run(["slurmd", "-f", str(conf)], check=True, env=env)
+    try:
+        deadline = time.time() + 60
+        while _run(env, "sinfo", "-h", "-o", "%T").stdout.strip() != "idle":
+            assert time.time() < deadline, (state / "slurmd.log").read_text()[-3000:]
+            time.sleep(0.5)
+        yield env
+    finally:
+        jobs = _run(env, "squeue", "-h", "-o", "%i").stdout.split()
+        if jobs:
+            _run(env, "scancel", *jobs)
+        _run(env, "scontrol", "shutdown")
+
+
+def _run(env: dict, *cmd: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _resources(out: Path, cpus: int = 2) -> list[str]:
+    return ["--gpus-per-node=0", f"--cpus-per-task={cpus}", "--mem=3G", "--time=30", f"--output={out}/slurm-%j.out"]
+
+
+def _logs(out: Path) -> str:
+    return "".join(p.read_text() for p in sorted(out.glob("slurm-*.out")))
+
+
+def _job(env: dict, job: str) -> list[dict]:
+    """`scontrol show job` as one dict per job (an array gives one per task)."""
+    text = _run(env, "scontrol", "show", "job", "-o", job).stdout
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in text.splitlines() if line.strip()]
+
+
+def _wait_for_job(env: dict, job: str, timeout: float = 900) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        (info,) = _job(env, job)
+        if info["JobState"] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
+            return info
+        assert time.time() < deadline, f"job {job} still {info['JobState']}"
+        time.sleep(2)
+
+
+@pytest.mark.slow
+def test_pipeline_sbatch_runs_the_tiny_recipe_on_two_processes(slurm, tiny_base, tmp_path, cache_dir):
+    t0 = time.time()
+    env = {**slurm, "NPROC_PER_NODE": "2", "ACCELERATE_CONFIG": "recipes/accelerate/cpu.yaml"}
+    proc = _run(env, "timeout", "900", "sbatch", "--wait", *_resources(tmp_path), "slurm/pipeline.sbatch",
+                "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, timeout=960)
+    logs = _logs(tmp_path)
+    assert proc.returncode == 0, proc.stderr + logs[-4000:]
+    assert "1 node(s) x 2 process(es)" in logs and "config recipes/accelerate/cpu.yaml, CPU" in logs
+    run = tmp_path / "tiny"
+    for name in ("01-sft", "02-midtrain"):
+        record = json.loads((run / "stages" / name / "stage.json").read_text())
+        assert record["status"] == "done" and record["world_size"] == 2
+        assert record["eval"]["metrics"][METRIC] >= 0
+        assert (run / "stages" / name / "model/model.safetensors").is_file()
+    assert "world size 2" in (run / "pipeline.log").read_text()
+    assert (run / "leaderboard.csv").is_file() and not (run / ".lock").exists()
+    print(f"slurm pipeline.sbatch: {time.time() - t0:.1f} s")
+
+
+@pytest.mark.slow
+def test_sweep_runs_one_job_per_candidate_then_the_selection(slurm, tiny_base, tmp_path, cache_dir):
+    """3 candidates: candidate 0 first (it also makes the pairs), then an array of 2 side by side, then select."""
+    t0 = time.time()
+    sweep = ["stages=[sft,midtrain,dpo]", "dpo.mixture=tiny_prefs", "dpo.max_steps=4", "dpo.logging_steps=1",
+             "dpo.per_device_train_batch_size=4", "dpo.sweep.beta=[0.05,0.2,0.5]", "dpo.sweep.learning_rate=[1e-3]",
+             "dpo.on_policy.max_prompts=24", "dpo.gate.max_drop=1.0"]
+    proc = _run(slurm, "slurm/sweep.sh", *_resources(tmp_path, cpus=1), "recipe=tiny", f"output_root={tmp_path}",
+                f"cache_dir={cache_dir}", *FAST, *sweep)
+    assert proc.returncode == 0, proc.stderr
+    first, array, select = re.findall(r"job (\d+)", proc.stdout)
+    info = _wait_for_job(slurm, select)
+    logs = _logs(tmp_path)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", logs[-4000:]
+    (head,), tasks = _job(slurm, first), _job(slurm, array)
+    assert sorted(t["ArrayTaskId"] for t in tasks) == ["1", "2"]
+    assert all(t["JobState"] == "COMPLETED" for t in [head, *tasks])
+    a, b = tasks  # times have 1 s resolution: the order of the dependencies, and the array side by side
+    assert head["EndTime"] <= min(a["StartTime"], b["StartTime"])
+    assert max(a["EndTime"], b["EndTime"]) <= info["StartTime"]
+    assert a["StartTime"] < b["EndTime"] and b["StartTime"] < a["EndTime"]
+
+    dpo = tmp_path / "tiny/stages/03-dpo"
+    names = ["beta0.05-lr0.001", "beta0.2-lr0.001", "beta0.5-lr0.001"]
+    for name in names:
+        record = json.loads((dpo / "candidates" / name / "stage.json").read_text())
+        assert record["status"] == "done" and METRIC in record["eval"]["metrics"]
+    stage = json.loads((dpo / "stage.json").read_text())
+    assert stage["status"] == "done"
+    table = stage["metrics"]["candidates"]
+    assert [row["candidate"] for row in table] == [*names, "soup", "merge"]
+    assert stage["metrics"]["selected"] in {row["candidate"] for row in table}
+    assert stage["eval"]["metrics"][METRIC] == max(row[METRIC] for row in table)
+    assert "sweep.candidate" not in json.dumps(stage["config"]) and "candidate" not in stage["config"]["sweep"]
+    # each candidate trained once, in its own job; the pairs were sampled once; the selection reused them all
+    for i, name in enumerate(names):
+        assert logs.count(f"candidate {name}: training") == 1
+        assert f"sweep candidate {i} done" in logs
+    assert logs.count("on-policy pairs:") == 1
+    select_log = (tmp_path / f"slurm-{select}.out").read_text()
+    assert all(f"candidate {name}: reusing" in select_log for name in names) and "training (beta" not in select_log
+    assert "selected candidate" in select_log
+    print(f"slurm sweep: {time.time() - t0:.1f} s")
+
+
+@pytest.mark.slow
+def test_preempted_job_saves_requeues_itself_and_resumes(slurm, tiny_base, tmp_path, cache_dir):
+    t0 = time.time()
+    name = f"preempt-{os.getpid()}"
+    job = subprocess.Popen(
+        ["timeout", "900", "sbatch", "--wait", f"--job-name={name}", *_resources(tmp_path),
+         "slurm/pipeline.sbatch", "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST,
+         *NO_EVAL, "stages=[sft]", "sft.max_steps=60", "sft.save_steps=10"],
+        cwd=ROOT, env=slurm, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    work = tmp_path / "tiny/stages/01-sft/work"
+    deadline = time.time() + 600
+    while not (work / "checkpoint-10/trainer_state.json").exists():
+        assert job.poll() is None and time.time() < deadline, _logs(tmp_path)[-4000:]
+        time.sleep(0.5)
+    (job_id,) = _run(slurm, "squeue", "-h", "-n", name, "-o", "%i").stdout.split()
+    # what Slurm does 120 s before the time limit (--signal=B:USR1@120): signal the batch shell only
+    assert _run(slurm, "scancel", "--batch", "--signal=USR1", job_id).returncode == 0
+    _, err = job.communicate(timeout=900)
+    logs = _logs(tmp_path)
+    assert job.returncode == 0, err + logs[-4000:]
+    assert "slurm: USR1 received; forwarding USR1 to the job steps" in logs
+    assert "preempted: SIGUSR1 received; stopped cleanly in 01-sft" in logs
+    assert f"requeueing job {job_id} to resume" in logs and f"job {job_id} (restart 1)" in logs
+    resumed = re.search(r"resuming 01-sft from (\S+/checkpoint-(\d+))", logs)
+    assert resumed and int(resumed.group(2)) >= 10
+    record = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())
+    assert record["status"] == "done" and record["metrics"]["resumed_from"] == resumed.group(1)
+    assert record["metrics"]["steps"] == 60
+    assert _job(slurm, job_id)[0]["Restarts"] == "1"
+    print(f"slurm preemption: {time.time() - t0:.1f} s")
+
+
+def test_one_candidate_option_is_checked_and_leaves_the_fingerprint_alone():
+    from pipeline.config import ConfigError, load_config, stage_section
+
+    base = ["recipe=tiny", "stages=[sft,midtrain,dpo]"]  # the tiny sweep: 2 betas x 2 learning rates
+    one = load_config([*base, "dpo.sweep.candidate=3"])
+    assert stage_section(one, "dpo") == stage_section(load_config(base), "dpo")
+    for bad in ("dpo.sweep.candidate=4", "dpo.sweep.candidate=-1"):
+        with pytest.raises(ConfigError, match=re.escape("the sweep has 4 candidate(s), numbered 0 to 3")):
+            load_config([*base, bad])
+    with pytest.raises(ConfigError, match="list dpo in 'stages'"):
+        load_config(["recipe=tiny", "stages=[sft]", "dpo.sweep.candidate=0"])
