@@ -12,8 +12,9 @@ the tiny recipe's DPO settings: one epoch, batch 8) through the stage's own trai
 - per_step: pairs in memory, each candidate tokenises them and runs the reference model at every
   step (TRL's default, `precompute_ref_log_probs=False`).
 
-The shared variant runs first, so it also pays the warm-up. Prints JSON with each wall time and the
-ratios, measured in this run.
+The shared variant runs first, so it also pays the warm-up. Prints JSON with each variant's wall time
+and CPU time of this process (less sensitive to other jobs on the machine) and their ratios, measured
+in this run.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from pipeline.tiny import ensure_base_model
 from pipeline.training import load_tokenizer
 
 
-def sweep(overrides: list[str], cache: str, base: Path, pairs: int, out: Path, shared: bool) -> float:
-    """Wall time of training every candidate of the 2 x 2 grid (and, when shared, the stage's shared data)."""
+def sweep(overrides: list[str], cache: str, base: Path, pairs: int, out: Path, shared: bool) -> tuple[float, float]:
+    """Wall and CPU seconds of training every candidate of the 2 x 2 grid (and, when shared, the shared data)."""
     cfg = load_config(["recipe=tiny", f"cache_dir={cache}", "stages=[dpo]", "dpo.mixture=tiny_prefs",
                        "dpo.on_policy.enabled=false", "dpo.soup.top_k=0", "dpo.merge.stage=", "dpo.save_steps=100000",
                        *overrides])
@@ -40,12 +41,12 @@ def sweep(overrides: list[str], cache: str, base: Path, pairs: int, out: Path, s
     tok = load_tokenizer(base, cfg.model, need_template=True)
     data = dpo._pairs(ctx)
     data = data.select(range(min(pairs, len(data))))
-    started = time.time()
+    started, cpu = time.time(), time.process_time()
     if shared:
         data = dpo._with_reference(ctx, tok, dpo._on_disk(data, out / "pairs"), out / "pairs_ref")
     for cand in dpo.grid(cfg.dpo):
         dpo._train(ctx, tok, data, cand, out / cand["id"])
-    return time.time() - started
+    return time.time() - started, time.process_time() - cpu
 
 
 def main() -> None:
@@ -61,9 +62,11 @@ def main() -> None:
                 "per_step": (["dpo.precompute_ref_log_probs=false"], False)}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (overrides, shared) in variants.items():
-            out[f"{name}_s"] = round(sweep(overrides, args.cache, base, args.pairs, Path(tmp) / name, shared), 1)
+            wall, cpu = sweep(overrides, args.cache, base, args.pairs, Path(tmp) / name, shared)
+            out[f"{name}_wall_s"], out[f"{name}_cpu_s"] = round(wall, 1), round(cpu, 1)
     for name in ("per_candidate", "per_step"):
-        out[f"ratio_{name}_vs_shared"] = round(out[f"{name}_s"] / out["shared_s"], 2)
+        for kind in ("wall", "cpu"):
+            out[f"{kind}_ratio_{name}_vs_shared"] = round(out[f"{name}_{kind}_s"] / out[f"shared_{kind}_s"], 2)
     print(json.dumps(out, indent=2))
 
 

@@ -34,11 +34,12 @@ def main() -> None:
     if proc.returncode:
         sys.exit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     records = [json.loads(p.read_text()) for p in Path(args.out).glob("**/stage.json")]
+    # a sweep's stage record repeats the metrics and eval of its selected candidate: count the candidates only
+    records = [r for r in records if not (r.get("metrics") or {}).get("selected")]
     records += [{"stage": "tiny-base-pretraining", "metrics": json.loads(p.read_text())}
                 for p in Path(args.out).glob(".cache/tiny-*/pretrain.json")]
     train = sum((r.get("metrics") or {}).get("compute_s") or 0 for r in records)
-    evals = sum((r.get("eval") or {}).get("wall_time_s") or 0 for r in records if "candidate" in r or
-                not (r.get("metrics") or {}).get("selected"))
+    evals = sum((r.get("eval") or {}).get("wall_time_s") or 0 for r in records)
     out = {"machine": "cpu", "wall_s": round(wall, 1), "training_steps_s": round(train, 1),
            "evaluation_s": round(evals, 1), "outside_training_share": round(1 - train / wall, 3),
            "stages": {r.get("candidate") or r.get("stage"): (r.get("metrics") or {}).get("compute_s")

@@ -58,22 +58,27 @@ def write_tasks(cfg: DictConfig, out: Path) -> Path:
 
 
 @functools.cache
-def task_manager(include_paths: tuple[str, ...]):
-    """One lm-eval TaskManager per process and include paths (building one costs seconds)."""
+def task_manager(include_paths: tuple[str, ...], tasks: tuple[str, ...]):
+    """One lm-eval TaskManager per process, include paths and tasks. lm-eval's own task index (thousands
+    of YAMLs: seconds to build) is read only when a task is not in the include paths."""
     from lm_eval.tasks import TaskManager
 
+    if include_paths:
+        local = TaskManager(include_path=list(include_paths), include_defaults=False)
+        if all(task in local.task_index for task in tasks):
+            return local
     return TaskManager(include_path=list(include_paths) or None)
 
 
-def _include_paths(ev: dict, tasks_dir: Path) -> tuple[str, ...]:
-    return tuple(str(p) for p in (tasks_dir, ev.get("include_path")) if p)
+def _task_manager(ev: dict, tasks_dir: Path):
+    return task_manager(tuple(str(p) for p in (tasks_dir, ev.get("include_path")) if p), tuple(ev["tasks"]))
 
 
 def expected_metrics(ev: dict, tasks_dir: Path) -> set[str]:
     """The `<task>/<metric>,<filter>` names that `ev`'s tasks produce, read from their configs."""
     if not ev["tasks"]:
         return set()
-    tm = task_manager(_include_paths(ev, tasks_dir))
+    tm = _task_manager(ev, tasks_dir)
     out = set()
     for task in ev["tasks"]:
         entry = tm.task_index.get(task)
@@ -106,7 +111,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     results = simple_evaluate(
         model=lm, tasks=list(ev["tasks"]), num_fewshot=fewshot, limit=ev["limit"] or None,
         apply_chat_template=ev["apply_chat_template"], fewshot_as_multiturn=bool(ev["apply_chat_template"] and fewshot),
-        gen_kwargs={"max_gen_toks": ev["max_gen_toks"]}, task_manager=task_manager(_include_paths(ev, tasks_dir)),
+        gen_kwargs={"max_gen_toks": ev["max_gen_toks"]}, task_manager=_task_manager(ev, tasks_dir),
         log_samples=True, random_seed=0, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234,
     )
     metrics, stderr = {}, {}
