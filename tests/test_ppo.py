@@ -200,12 +200,30 @@ def test_two_processes_share_statistics(tmp_path):
 
 # ------------------------------------------------------------------------------------ CLI stages
 
+def _format_pairs(path: Path, n: int) -> Path:
+    """A preference mixture with a learnable rule: the worked answer (chosen) over the same answer without
+    its `#### N` line (rejected). Returns the mixture YAML."""
+    from pipeline.tiny import build_splits
+
+    splits = build_splits({"seed": 7, "sft_examples": n, "midtrain_examples": 1, "general_examples": 1,
+                           "pretrain_examples": 1, "test_examples": 1})
+    with open(path / "pairs.jsonl", "w", encoding="utf-8") as fh:
+        for row in splits["sft"]:
+            question, answer = (m["content"] for m in row["messages"])
+            fh.write(json.dumps({"prompt": [{"role": "user", "content": question}],
+                                 "chosen": [{"role": "assistant", "content": answer}],
+                                 "rejected": [{"role": "assistant", "content": answer.rsplit("\n", 1)[0]}]}) + "\n")
+    (path / "format_prefs.yaml").write_text(f"sources:\n  - path: {path / 'pairs.jsonl'}\n", encoding="utf-8")
+    return path / "format_prefs.yaml"
+
+
 @pytest.mark.slow
 def test_reward_stage_then_ppo_with_the_reward_model(tmp_path, cache_dir):
     from conftest import FAST, run_cli
 
+    mixture = _format_pairs(tmp_path, 300)
     proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST,
-                   "stages=[sft,reward,ppo]", "reward.mixture=tiny_prefs", "reward.learning_rate=1e-3",
+                   "stages=[sft,reward,ppo]", f"reward.mixture={mixture}", "reward.learning_rate=1e-4",
                    "reward.max_steps=40", "reward.per_device_train_batch_size=8", "reward.max_length=256",
                    "reward.activation_checkpointing=false", "reward.logging_steps=5",
                    "ppo.mixture=tiny_rl", "ppo.reward=model", "ppo.reward_model=reward", "ppo.value_init=reward_model",
@@ -213,10 +231,9 @@ def test_reward_stage_then_ppo_with_the_reward_model(tmp_path, cache_dir):
                    "ppo.max_new_tokens=48", "ppo.learning_rate=1e-5", "ppo.logging_steps=1", "ppo.save_steps=1")
     assert proc.returncode == 0, proc.stderr[-4000:]
     reward = json.loads((tmp_path / "tiny/stages/02-reward/stage.json").read_text())["metrics"]
-    # Held-out accuracy is recorded; with the FAST data (135 training pairs whose rejected answer only
-    # differs in the last arithmetic step) it does not reliably rise above chance, so not asserted here.
-    assert reward["heldout_pairs"] > 0 and 0 <= reward["heldout_accuracy_after"] <= 1
-    assert reward["steps"] == 40 and reward["loss_last"] is not None
+    # 30 held-out pairs (a tenth); chance is 0.5
+    assert reward["heldout_pairs"] == 30 and reward["heldout_accuracy_after"] >= 0.9
+    assert reward["steps"] == 40 and reward["loss_last"] < 0.5 * reward["loss_first"]
     ppo = json.loads((tmp_path / "tiny/stages/03-ppo/stage.json").read_text())
     assert ppo["metrics"]["steps"] == 2 and (tmp_path / "tiny/stages/03-ppo/model/model.safetensors").is_file()
     assert not (tmp_path / "tiny/stages/03-ppo/work").exists()
