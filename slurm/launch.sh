@@ -2,8 +2,8 @@
 # Runs `pipeline/run.py ARGS` under `accelerate launch` on every node of a Slurm allocation (one launcher
 # per node); the batch scripts here exec it. Environment:
 #   ACCELERATE_CONFIG  an accelerate config file, e.g. recipes/accelerate/zero3.yaml (default: plain DDP)
-#   NPROC_PER_NODE     processes per node (default: the node's GPUs; 1 on a node without GPUs, which then
-#                      runs on CPU processes over gloo)
+#   NPROC_PER_NODE     processes per node (default: the node's GPUs; 1 on a node without GPUs: the
+#                      pipeline then runs on CPU processes over gloo by itself)
 #   MAIN_PROCESS_PORT  the rendezvous port on the first node (default: a free one)
 # Preemption: Slurm's warning signal to the batch shell (`--signal=B:USR1@120`, or
 # `scancel --batch --signal=USR1 JOB`) or a TERM is forwarded as USR1 to every process of the job step
@@ -14,9 +14,6 @@ nodes=${SLURM_NNODES:-1}
 main=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
 port=${MAIN_PROCESS_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}
 gpus=${SLURM_GPUS_ON_NODE:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
-if [ "$gpus" -eq 0 ]; then
-  export ACCELERATE_USE_CPU=true
-fi
 per_node=${NPROC_PER_NODE:-$((gpus > 0 ? gpus : 1))}
 total=$((per_node * nodes))
 launch=(--num_machines "$nodes" --num_processes "$total" --main_process_ip "$main" --main_process_port "$port")
@@ -27,7 +24,7 @@ else
   if [ "$total" -gt 1 ]; then launch+=(--multi_gpu); fi
 fi
 echo "slurm: job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}): $nodes node(s) x $per_node process(es)," \
-  "main $main:$port, config ${ACCELERATE_CONFIG:-DDP}${ACCELERATE_USE_CPU:+, CPU}"
+  "$gpus GPU(s) per node, main $main:$port, config ${ACCELERATE_CONFIG:-DDP}"
 
 preempted=""
 forward() {

@@ -127,7 +127,7 @@ def test_pipeline_sbatch_runs_the_tiny_recipe_on_two_processes(slurm, tiny_base,
                 "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, timeout=960)
     logs = _logs(tmp_path)
     assert proc.returncode == 0, proc.stderr + logs[-4000:]
-    assert "1 node(s) x 2 process(es)" in logs and "config recipes/accelerate/cpu.yaml, CPU" in logs
+    assert "1 node(s) x 2 process(es), 0 GPU(s) per node" in logs and "config recipes/accelerate/cpu.yaml" in logs
     run = tmp_path / "tiny"
     for name in ("01-sft", "02-midtrain"):
         record = json.loads((run / "stages" / name / "stage.json").read_text())
