@@ -25,7 +25,7 @@ import torch
 from accelerate import PartialState
 from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import is_chat_template_stop_token_trained
 
@@ -286,10 +286,11 @@ def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:
     state.wait_for_everyone()
     try:
         if merge_lora:
-            if state.is_main_process:
-                merged = trainer.model.merge_and_unload()
-                merged.save_pretrained(tmp)
-                tok.save_pretrained(tmp)
+            with _gathered(trainer.model):
+                if state.is_main_process:
+                    merged = trainer.model.merge_and_unload()
+                    merged.save_pretrained(tmp)
+                    tok.save_pretrained(tmp)
         else:
             trainer.save_model(str(tmp))
         if state.is_main_process:
@@ -300,6 +301,15 @@ def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     state.wait_for_everyone()
+
+
+def _gathered(model: Any) -> contextlib.AbstractContextManager:
+    """Under ZeRO-3 (each rank holds a shard of every weight): the full weights while inside, on every rank."""
+    if not is_deepspeed_zero3_enabled():
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(model.parameters()))
 
 
 @contextlib.contextmanager

@@ -108,17 +108,6 @@ def test_lora_saves_a_merged_full_checkpoint(tmp_path, cache_dir):
     AutoModelForCausalLM.from_pretrained(model_dir)
 
 
-def test_two_processes_under_accelerate_launch(tmp_path, cache_dir):
-    launcher = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no"]
-    proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST,
-                   launcher=launcher, env={"ACCELERATE_USE_CPU": "true"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for stage in ("01-sft", "02-midtrain"):
-        record = json.loads((tmp_path / "tiny/stages" / stage / "stage.json").read_text())
-        assert record["world_size"] == 2 and record["status"] == "done"
-
-
 @pytest.mark.parametrize("packing", ["true", "false"])
 def test_telemetry_fields_are_present_and_sane(tmp_path, cache_dir, packing):
     proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft]",
