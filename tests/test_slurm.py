@@ -1,8 +1,8 @@
 """The Slurm batch scripts (slurm/) against a real single-node Slurm started here (PLATFORM.md, "Slurm").
 
-Needs root and Debian's `slurm-wlm` and `munge` (`.ci/run` installs them); skipped without `sbatch`
-outside CI only. The node has 2 CPUs and no GPUs, so every job asks for `--gpus-per-node=0` and CPUs that
-fit; `launch.sh` then runs the pipeline on CPU processes.
+Needs root and Debian's `slurm-wlm` and `munge` (`.ci/run` installs them); without them the tests
+are skipped, except in CI (`CI` set), where they fail. The node has 2 CPUs and no GPUs, so every job
+asks for `--gpus-per-node=0` and CPUs that fit; `launch.sh` then runs the pipeline on CPU processes.
 """
 
 from __future__ import annotations
