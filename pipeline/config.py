@@ -394,6 +394,10 @@ def _validate_dpo(cfg: DictConfig) -> None:
         if values is not None and any(v <= 0 for v in values):
             raise ConfigError(f"'dpo.sweep.{key}' values must be > 0, got {list(values)}")
     size = len(grid(dpo))
+    if (size > 1 or dpo.soup.top_k or dpo.merge.stage) and not dpo.gate.metric:
+        extra = " plus soup / merge" if dpo.soup.top_k or dpo.merge.stage else ""
+        raise ConfigError(f"the dpo stage picks its model among {size} sweep candidate(s){extra} by 'dpo.gate.metric'"
+                          "; set it (a metric of the stage's eval)")
     if dpo.sweep.candidate is not None and not 0 <= dpo.sweep.candidate < size:
         raise ConfigError(f"'dpo.sweep.candidate' is {dpo.sweep.candidate}; the sweep has {size} candidate(s), "
                           f"numbered 0 to {size - 1}")

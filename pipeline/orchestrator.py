@@ -181,6 +181,8 @@ class Chain:
 
     def evaluate(self, model: str | Path, ev: dict, out_dir: Path) -> dict:
         """Score `model` on the main process only; the other ranks wait (results travel via stage.json)."""
+        if not ev["tasks"]:
+            return {"metrics": {}}
         result = evaluate.run_eval(model, ev, self.tasks_dir, out_dir, self.cfg.model) if self.main else {}
         if self.main:
             log.info("eval of %s: %s (%.1f s)", out_dir.parent.name,

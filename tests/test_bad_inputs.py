@@ -65,6 +65,7 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
         "model path that is not a checkpoint": ([f"model.name_or_path={not_ckpt}"], "not a checkpoint folder"),
         "output folder that cannot be written": ([f"output_root={blocker}/runs"], "cannot write the run folder"),
         "sweep with an empty grid": (["stages=[dpo]", "dpo.sweep.beta=[]"], "empty grid"),
+        "dpo sweep without a metric to pick by": (["stages=[sft,dpo]", "dpo.gate.metric="], "picks its model among 4"),
         "gate metric the eval does not produce": (["sft.gate.metric=tiny_gsm/acc,none"], "does not produce"),
     }
 
