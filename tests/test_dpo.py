@@ -139,7 +139,8 @@ def _stage(cache_dir, tiny_base, out, *overrides) -> tuple:
     """A DPO stage context on the tiny base and `tiny_prefs` pairs (3 steps of 4 pairs), its tokenizer and pairs."""
     cfg = load_config(["recipe=tiny", f"cache_dir={cache_dir}", *FAST, "stages=[dpo]", "dpo.mixture=tiny_prefs",
                        "dpo.on_policy.enabled=false", "dpo.max_steps=3", "dpo.per_device_train_batch_size=4",
-                       "dpo.logging_steps=1", "dpo.soup.top_k=0", "dpo.merge.stage=", *overrides])
+                       "dpo.logging_steps=1", "dpo.soup.top_k=0", "dpo.merge.stage=", "dpo.warmup_ratio=0",
+                       "dpo.sweep.learning_rate=[1e-4,1e-3]", *overrides])
     ctx = StageContext(cfg, "dpo", tiny_base, out)
     return ctx, load_tokenizer(tiny_base, cfg.model, need_template=True), dpo._on_disk(dpo._pairs(ctx), out / "pairs")
 
