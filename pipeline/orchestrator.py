@@ -216,9 +216,11 @@ class Chain:
             previous = next(((c, m[metric]) for c, m in reversed(self.history) if metric in m), None)
             verdict = gates.judge(self.cfg[s.name].gate, record["eval"]["metrics"], previous)
             self.history.append((s.dir.name, record["eval"]["metrics"]))
-        # unconditionally: the main process may rewrite the file before another rank reads it, and a
-        # condition on its content would then skip that rank's barrier in `write` and hang the others
-        self.write(path, {**record, "gate": verdict})
+        # the main process decides alone whether to write (a reused stage keeps its file untouched); every rank
+        # waits, whatever the others read (the write is atomic and leaves the eval metrics as they were)
+        if self.main and ("gate" not in record or record["gate"] != verdict):
+            write_json(path, {**record, "gate": verdict})
+        self.state.wait_for_everyone()
         self.export()
         return verdict
 

@@ -21,6 +21,8 @@ EXIT_BAD_INPUT = 2
 def main(argv: list[str] | None = None) -> int:
     """Parse the recipe and overrides, then run the chain; return the process exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    if not sys.stderr.isatty() or int(os.environ.get("RANK", "0")) > 0:
+        os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars only on a terminal, on the main process
     try:
         cfg = load_config(argv)
         if cfg.plan.enabled:  # dry run: print the plan, load nothing
