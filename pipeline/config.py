@@ -97,6 +97,7 @@ class TrainConfig(OptimConfig):
     packing: bool = True
     packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped
     assistant_only_loss: bool = True
+    sampling: str = "random"  # random | group_by_length: batches of similar lengths, less padding (see README)
 
 
 @dataclass
@@ -270,6 +271,7 @@ STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config
 CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
+    "sampling": ("random", "group_by_length"),
     "precision": ("auto", "bf16", "fp32"),
     "action": ("stop", "warn"),
     "reward": ("verifiable", "model"),

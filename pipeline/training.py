@@ -160,6 +160,7 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
         packing=stage.packing,
         packing_strategy=stage.packing_strategy,
         padding_free=stage.padding_free and not wrapped,
+        train_sampling_strategy=stage.sampling,
         assistant_only_loss=False,  # rows come tokenised; their `assistant_masks` column masks the loss
         include_num_input_tokens_seen="non_padding",
     )

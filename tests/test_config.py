@@ -20,6 +20,7 @@ CASES = [
     (["redo=[sfft]"], "unknown stage 'sfft'", "did you mean 'sft'"),
     (["modle.name_or_path=x"], "unknown config key 'modle'", "did you mean 'model'"),
     (["sft.packing_strategy=best"], "'sft.packing_strategy' is 'best'", "bfd"),
+    (["sft.sampling=sorted"], "'sft.sampling' is 'sorted'", "group_by_length"),
     (["sft.max_length=0"], "'sft.max_length' must be > 0", ""),
     (["oops"], "not key=value", ""),
 ]
@@ -86,3 +87,11 @@ def test_every_shipped_recipe_has_gates_its_eval_produces(recipe, tmp_path):
 
     cfg = load_config([f"recipe={recipe}", f"output_root={tmp_path}"])
     check_gates(cfg, write_tasks(cfg, tmp_path / "tasks"))  # raises ConfigError otherwise
+
+
+def test_length_grouped_sampling_reaches_the_trainer(tmp_path):
+    from pipeline.training import sft_args
+
+    cfg = load_config(["recipe=tiny", "sft.sampling=group_by_length"])
+    assert sft_args(cfg.sft, tmp_path, 0, "fp32").train_sampling_strategy == "group_by_length"
+    assert sft_args(cfg.midtrain, tmp_path, 0, "fp32").train_sampling_strategy == "random"
