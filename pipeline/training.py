@@ -272,9 +272,9 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
     check_columns(dataset, stage, tok, stage_dir.name)
     dataset = tokcache.tokenised(dataset, stage, tok, cache_dir, stage_dir.name)
     truncated = check_lengths(dataset, stage, stage_dir.name)
-    trainer = SFTTrainer(model=load_model(model_path, model_cfg),
-                         args=sft_args(stage, stage_dir / "work", seed, model_cfg.precision),
-                         train_dataset=dataset, processing_class=tok, peft_config=lora_config(stage))
+    args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision)  # first: ZeRO-3 then shards the load
+    trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
+                         processing_class=tok, peft_config=lora_config(stage))
     return {**fit(trainer, tok, stage_dir), "truncated_rows": truncated}
 
 
