@@ -111,8 +111,6 @@ def plan(cfg: DictConfig, root: Path) -> list[PlannedStage]:
 
 def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
     """Refuse, before any work, gates on metrics their stage's evaluation does not produce."""
-    from pipeline.stages.dpo import grid
-
     evaluate.expected_metrics(evaluate.settings(cfg, None), tasks_dir)  # unknown base-eval tasks fail here
     for name in [n for n in cfg.stages if cfg[n].enabled]:
         ev, gate = evaluate.settings(cfg, name), cfg[name].gate
@@ -120,8 +118,6 @@ def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
         if gate.metric and gate.metric not in produced:
             raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce "
                               f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
-        if name == "dpo" and not gate.metric and (len(grid(cfg.dpo)) > 1 or cfg.dpo.soup.top_k or cfg.dpo.merge.stage):
-            raise ConfigError("a dpo sweep, soup or merge picks its best candidate by 'dpo.gate.metric': set it")
 
 
 def check_model_path(name: str) -> None:
