@@ -134,8 +134,9 @@ def open_run_dir(root: Path, lock: RunLock) -> str | None:
     """Create the run folder, check it is writable and lock it; return an error message or None."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        write_text(root / ".write-test", "ok")
-        (root / ".write-test").unlink()
+        probe = root / f".write-test-{os.getpid()}"  # one per process: sweep array tasks share the folder
+        write_text(probe, "ok")
+        probe.unlink()
     except OSError as err:
         return f"cannot write the run folder {root}: {err.strerror or err}"
     try:
