@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.config import load_config
-from pipeline.stage import StageContext
+from pipeline.config import grid, load_config
+from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
-from pipeline.tiny import ensure_base_model
+from pipeline.tiny.model import ensure_base_model
 from pipeline.training import load_tokenizer
 
 
@@ -39,13 +39,13 @@ def sweep(overrides: list[str], cache: str, base: Path, pairs: int, out: Path, s
                        *overrides])
     ctx = StageContext(cfg, "dpo", base, out)
     tok = load_tokenizer(base, cfg.model, need_template=True)
-    data = dpo._pairs(ctx)
+    data = dpo.preference_pairs(ctx)
     data = data.select(range(min(pairs, len(data))))
     started, cpu = time.time(), time.process_time()
     if shared:
-        data = dpo._with_reference(ctx, tok, dpo._on_disk(data, out / "pairs"), out / "pairs_ref")
-    for cand in dpo.grid(cfg.dpo):
-        dpo._train(ctx, tok, data, cand, out / cand["id"])
+        data = dpo.with_reference(ctx, tok, dpo.on_disk(data, out / "pairs"), out / "pairs_ref")
+    for cand in grid(cfg.dpo):
+        dpo.train_candidate(ctx.for_candidate(cand), tok, data)
     return time.time() - started, time.process_time() - cpu
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}"])
     base = ensure_base_model(Path(args.cache), cfg.tiny, cfg.model, cfg.seed)
-    out = {"machine": "cpu", "candidates": len(dpo.grid(cfg.dpo)), "pairs": args.pairs}
+    out = {"machine": "cpu", "candidates": len(grid(cfg.dpo)), "pairs": args.pairs}
     variants = {"shared": ([], True), "per_candidate": ([], False),
                 "per_step": (["dpo.precompute_ref_log_probs=false"], False)}
     with tempfile.TemporaryDirectory() as tmp:

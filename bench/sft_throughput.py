@@ -21,8 +21,9 @@ from trl import SFTConfig, SFTTrainer
 
 from pipeline.config import load_config
 from pipeline.data import load_mixture
-from pipeline.tiny import ensure_base_model
-from pipeline.training import load_tokenizer, train
+from pipeline.stages.sft import train
+from pipeline.tiny.model import ensure_base_model
+from pipeline.training import load_tokenizer
 
 # our stage as the recipe sets it, then with length-grouped batches, then packed (bfd, padding-free)
 VARIANTS = {"ours_recipe": {}, "ours_grouped": {"sampling": "group_by_length"}, "ours_packed_bfd": {"packing": True}}

@@ -25,13 +25,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pipeline.config import MIXTURES_DIR, ConfigError, cache_dir, explain_error
+from pipeline.config import MIXTURES_DIR, ConfigError, explain_error
 from pipeline.files import sha256_file
+from pipeline.tiny import data as tiny_data
 
 TARGETS = ("messages", "text", "prompt", "chosen", "rejected", "answer", "user", "assistant", "system",
            "chat_template_kwargs")
 ROLES = ("system", "user", "assistant", "tool")
-GENERATORS = ("tiny",)
+GENERATORS = {"tiny": tiny_data.split_file}  # `generator: NAME` -> (run config, split) -> local JSONL file
 
 
 @dataclass
@@ -78,7 +79,7 @@ def load_spec(name: str) -> DictConfig:
         if len(kinds) != 1:
             raise ConfigError(f"mixture {path} source {i}: set exactly one of path, hub, generator")
         if src.generator and src.generator not in GENERATORS:
-            raise ConfigError(f"mixture {path} source {i}: unknown generator '{src.generator}' ({GENERATORS})")
+            raise ConfigError(f"mixture {path} source {i}: unknown generator '{src.generator}' ({tuple(GENERATORS)})")
         bad = [t for t in src.columns if t not in TARGETS]
         if bad:
             raise ConfigError(f"mixture {path} source {i}: unknown target column {bad}; targets: {TARGETS}")
@@ -89,9 +90,7 @@ def load_spec(name: str) -> DictConfig:
 
 def _local_file(src: DictConfig, cfg: DictConfig) -> Path | None:
     if src.generator:
-        from pipeline.tiny import data_dir
-
-        return data_dir(cache_dir(cfg), OmegaConf.to_container(cfg.tiny)) / f"{src.split}.jsonl"
+        return GENERATORS[src.generator](cfg, src.split)
     if src.path:
         path = Path(src.path)
         if not path.is_file():

@@ -20,7 +20,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import ROOT, ConfigError, cache_dir
+from pipeline.config import ROOT, ConfigError
+from pipeline.data import GENERATORS
 from pipeline.files import write_text
 
 log = logging.getLogger("pipeline")
@@ -44,10 +45,8 @@ def write_tasks(cfg: DictConfig, out: Path) -> Path:
         "gsm8k_yaml": str(Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"),
         "gsm8k_dir": str(Path(cfg.eval.gsm8k_dir).resolve()),
     }
-    from pipeline.tiny import data_dir  # the tiny problems are cheap to generate (cached), so tiny_gsm always works
-
-    data = data_dir(cache_dir(cfg), OmegaConf.to_container(cfg.tiny)).resolve()
-    values.update(tiny_train=str(data / "gsm_train.jsonl"), tiny_test=str(data / "test.jsonl"))
+    tiny = GENERATORS["tiny"]  # cheap to generate (cached), so tiny_gsm always works
+    values.update(tiny_train=str(tiny(cfg, "gsm_train").resolve()), tiny_test=str(tiny(cfg, "test").resolve()))
     for template in sorted(TASK_TEMPLATES.glob("*.yaml")):
         try:
             text = string.Template(template.read_text(encoding="utf-8")).substitute(values)
@@ -98,12 +97,14 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pipeline.training import model_dtype
+
     started = time.time()
     cuda = torch.cuda.is_available()
     # A loaded model rather than a path: lm-eval then starts no Accelerator of its own, which in a multi-process
     # launch would share the samples with ranks that are not evaluating (GPUs) or take on DeepSpeed's settings.
     model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32,
+        model_path, dtype=model_dtype(model_cfg.precision),
         trust_remote_code=model_cfg.trust_remote_code).to("cuda" if cuda else "cpu")
     tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
     lm = HFLM(pretrained=model, tokenizer=tok, batch_size=ev["batch_size"])

@@ -5,9 +5,10 @@ weights, the DPO sweep's candidates, a token budget and an estimate of GPU-hours
 an upper bound (max_steps x global batch x max_length) or epochs x the token count a mixture states
 (`tokens:`). FLOPs per token are the telemetry's (6 x parameters + 12 x layers x hidden x max_length,
 forward + backward); GPU-hours = FLOPs / (the GPU's peak x the assumed MFU). The parameter count comes
-from the model's config, never its weights: the tiny settings, a local `config.json`, a table of known
-models, or `plan.params`. A new run folder is planned without importing torch; an existing one is
-planned by the orchestrator itself (reuse / evaluate / resume / train), which loads the training stack.
+from the model's config, never its weights: a local `config.json` (a built model's too), the settings a
+built model is made from, a table of known models, or `plan.params`. A new run folder is planned without
+importing torch; for an existing one the orchestrator's own per-stage decision (`pipeline.resume`: reuse /
+evaluate / resume / train) is shown, which loads the training stack.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import ConfigError, cache_dir, grid
+from pipeline.basemodel import architecture
+from pipeline.config import ConfigError, grid
 from pipeline.data import load_spec, stage_mixtures
 from pipeline.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
+from pipeline.runfolder import run_dir, stage_dir
 
 KNOWN_MODELS = {  # published config.json fields of dense Llama-style models, so that planning needs no Hub
     "HuggingFaceTB/SmolLM3-3B": {"vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 36,
@@ -39,27 +42,21 @@ RL_STAGES = ("ppo", "grpo")
 
 
 def _model(cfg: DictConfig) -> dict:
-    name, t = cfg.model.name_or_path, cfg.tiny
-    path = Path(name).expanduser()
-    if name == "tiny":
-        from pipeline.tiny import tiny_dir
-
-        path = tiny_dir(cache_dir(cfg), OmegaConf.to_container(t)) / "model"
+    name = cfg.model.name_or_path
+    path, settings = architecture(cfg)
     config, source = None, "unknown offline: set plan.params"
     if (path / "config.json").is_file():
         config, source = json.loads((path / "config.json").read_text()), str(path / "config.json")
-    elif name == "tiny":
-        config = {"vocab_size": t.vocab_size, "hidden_size": t.hidden_size, "num_hidden_layers": t.num_layers,
-                  "intermediate_size": t.intermediate_size, "num_attention_heads": t.num_heads,
-                  "tie_word_embeddings": True}
-        source = "the tiny settings; an upper bound, the tokenizer may learn fewer than tiny.vocab_size tokens"
+    elif settings:
+        config = settings
+        source = "the settings it is built from; an upper bound, the tokenizer may learn fewer tokens"
     elif re.sub(r"-(Base|Instruct)$", "", name) in KNOWN_MODELS:
         config, source = KNOWN_MODELS[re.sub(r"-(Base|Instruct)$", "", name)], "the table of known models"
     params = param_count(config) if config and "intermediate_size" in config else None
     if cfg.plan.params:
         params, source = cfg.plan.params, "plan.params"
     config = config or {}
-    checkpoint = name if name != "tiny" else f"{path}{'' if path.is_dir() else ' (built on first use)'}"
+    checkpoint = f"{path}{'' if path.is_dir() else ' (built on first use)'}" if settings else name
     return {"name": name, "checkpoint": checkpoint, "params": params, "layers": config.get("num_hidden_layers", 0),
             "hidden": config.get("hidden_size", 0), "source": source}
 
@@ -107,12 +104,12 @@ def build(cfg: DictConfig) -> dict:
     if not 0 < p.mfu <= 1 or p.num_gpus < 1 or p.params < 0 or p.output not in ("table", "json"):
         raise ConfigError("plan needs 0 < plan.mfu <= 1, plan.num_gpus >= 1, plan.params >= 0 and plan.output "
                           f"table | json; got {OmegaConf.to_container(p)}")
-    root = Path(cfg.output_root) / cfg.run_name  # as the orchestrator names it
+    root = run_dir(cfg)
     enabled = [n for n in cfg.stages if cfg[n].enabled]
     if (root / "stages").is_dir():
-        from pipeline.orchestrator import plan  # an existing run: the orchestrator's own decision per stage
+        from pipeline.resume import decide  # an existing run: the orchestrator's own decision per stage
 
-        actions = {s.name: s.action for s in plan(cfg, root)}
+        actions = {d.name: d.action for d in decide(cfg, root)}
     else:
         actions = dict.fromkeys(enabled, "train")
     model = _model(cfg)
@@ -122,7 +119,7 @@ def build(cfg: DictConfig) -> dict:
         if name not in enabled:
             stages.append({"stage": name, "action": f"skip ({name}.enabled=false)"})
             continue
-        out = root / "stages" / f"{enabled.index(name) + 1:02d}-{name}"
+        out = stage_dir(root, enabled.index(name) + 1, name)
         tokens, basis = _tokens(cfg, name)
         row = {"stage": name, "dir": str(out), "action": actions[name], "input": previous,
                "output": str(out / "model"), "datasets": _datasets(cfg, name), "tokens": tokens,

@@ -1,30 +1,139 @@
-"""What the orchestrator hands a stage."""
+"""The run folder (see DESIGN.md): its paths, the typed stage record in `stage.json`, reuse by
+fingerprint, and what the orchestrator hands a stage.
+
+    <output_root>/<run_name>/stages/00-base/stage.json           the base model's evaluation
+    <output_root>/<run_name>/stages/NN-name/{model/, stage.json}  one folder per enabled stage, NN from 01
+    .../stages/NN-name/candidates/<id>/{model/, stage.json}      a sweep's candidates (grid, soup, merge)
+
+`stage.json` is read and written here only (`StageRecord`); a field that is None is left out of the file.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.files import read_json, write_json
+
+BASE = "00-base"
+RECORD = "stage.json"
+FINISHED = ("trained", "done")  # trained: its model is saved; done: scored too
+
+
+def run_dir(cfg: DictConfig) -> Path:
+    """`<output_root>/<run_name>`."""
+    return Path(cfg.output_root) / cfg.run_name
+
+
+def stage_dir(root: Path, index: int, name: str) -> Path:
+    """`stages/NN-name` of the run folder `root` (`index` counts enabled stages from 1)."""
+    return Path(root) / "stages" / f"{index:02d}-{name}"
+
+
+def base_dir(root: Path) -> Path:
+    """`stages/00-base`: the base model's evaluation."""
+    return Path(root) / "stages" / BASE
+
+
+def candidate_dir(stage: Path, candidate: str) -> Path:
+    """`candidates/<id>` of a sweep stage's folder."""
+    return Path(stage) / "candidates" / candidate
+
+
+@dataclass
+class StageRecord:
+    """One `stage.json`: a stage, the base model's evaluation, or a sweep candidate."""
+
+    stage: str | None = None  # stage kind (`base` for 00-base)
+    index: int | None = None  # position among the enabled stages (0: base)
+    candidate: str | None = None  # a sweep candidate's id
+    fingerprint: str | None = None  # training fingerprint: config, data, everything upstream
+    upstream: str | None = None  # the previous stage's fingerprint
+    config: dict | None = None
+    data: list | None = None  # data fingerprints
+    input_model: str | None = None
+    world_size: int | None = None
+    status: str | None = None  # running | trained | done
+    output_model: str | None = None
+    metrics: dict | None = None  # training metrics
+    wall_time_s: float | None = None
+    eval: dict | None = None  # lm-eval result
+    eval_fingerprint: str | None = None  # fingerprint + eval settings of that result
+    gate: dict | None = None  # the gate's verdict
+    extra: dict = field(default_factory=dict)  # keys this version does not know, kept as they were
+
+    @classmethod
+    def read(cls, folder: Path) -> StageRecord:
+        """The record in `folder/stage.json`; an empty record when there is none."""
+        raw = read_json(Path(folder) / RECORD) or {}
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in raw.items() if k in known}, extra={k: v for k, v in raw.items()
+                                                                         if k not in known})
+
+    def to_dict(self) -> dict:
+        """The record as written to `stage.json` (None fields left out)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**{k: v for k, v in out.items() if v is not None}, **self.extra}
+
+    def write(self, folder: Path, changed: bool = True) -> None:
+        """Write `folder/stage.json` on the main process (atomically) when `changed` is true there; every rank
+        calls this and waits."""
+        from pipeline.distributed import main_writes  # imports torch, which the dry run (paths only) does without
+
+        with main_writes() as main:
+            if main and changed:
+                write_json(Path(folder) / RECORD, self.to_dict())
+
+    def scores(self) -> dict:
+        """The evaluation's metrics (empty when not evaluated)."""
+        return (self.eval or {}).get("metrics", {})
+
+
+@dataclass
+class Trained:
+    """What training a stage gives its record: the training metrics and, when the stage already scored its
+    model (a sweep's selection), that evaluation."""
+
+    metrics: dict
+    eval: dict | None = None
+
+
+def finished(record: StageRecord, folder: Path, fingerprint: str | None = None) -> bool:
+    """Whether `folder` holds a saved model from a finished record (with this fingerprint, when given)."""
+    same = fingerprint is None or record.fingerprint == fingerprint
+    return record.status in FINISHED and same and (Path(folder) / "model").is_dir()
+
+
+def earlier_stage_model(stage: Path, name: str) -> Path | None:
+    """The finished `model/` of the stage `name` in the same run (the latest if listed twice), or None."""
+    found = sorted(p for p in Path(stage).parent.glob(f"*-{name}") if p != stage and (p / "model").is_dir())
+    return found[-1] / "model" if found else None
 
 
 @dataclass
 class StageContext:
+    """What the orchestrator hands a stage: it trains `input_model` into `out_dir/model`."""
+
     cfg: DictConfig  # the whole run config
     name: str  # stage kind, also its config section
     input_model: Path  # checkpoint handed over by the previous stage (or the base model)
-    stage_dir: Path  # stages/NN-name/: the stage writes model/ (and work/ for checkpoints)
-    fingerprint: str = ""  # the stage's training fingerprint (keys what it may reuse inside its folder)
-    evaluate: Callable[[Path, Path], dict] | None = None  # (model dir, output dir) -> eval result; main process
+    stage_dir: Path  # stages/NN-name/: the stage's folder (caches shared by its candidates live here)
+    out_dir: Path | None = None  # where model/ (and work/ for checkpoints) go; None: stage_dir
+    overrides: dict[str, Any] = field(default_factory=dict)  # a sweep candidate's settings over the stage's
+
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir or self.stage_dir)
+
+    def for_candidate(self, candidate: dict) -> StageContext:
+        """The context of a sweep candidate (`{"id": ..., setting: value, ...}`): its own folder and settings."""
+        return replace(self, out_dir=candidate_dir(self.stage_dir, candidate["id"]),
+                       overrides={k: v for k, v in candidate.items() if k != "id"})
 
     @property
     def stage(self) -> DictConfig:
-        """This stage's config section."""
-        return self.cfg[self.name]
-
-
-def earlier_stage_model(stage_dir: Path, name: str) -> Path | None:
-    """The finished `model/` of the stage `name` in the same run (the latest if listed twice), or None."""
-    found = sorted(p for p in stage_dir.parent.glob(f"*-{name}") if p != stage_dir and (p / "model").is_dir())
-    return found[-1] / "model" if found else None
+        """This stage's config section (with a candidate's overrides)."""
+        section = self.cfg[self.name]
+        return OmegaConf.merge(section, self.overrides) if self.overrides else section

@@ -1,9 +1,8 @@
-"""The one causal-LM training path: TRL's SFTTrainer for SFT, mid-training and tiny pretraining.
+"""What every trainer shares: training arguments, loading the model and tokenizer, the training
+precision, LoRA, driving a TRL trainer to a saved checkpoint (`fit`), and the atomic checkpoint save.
 
-`format: chat` trains on `messages` through the tokenizer's chat template with assistant-only loss
-and packing; `format: text` tokenises documents itself (chat rows rendered through the template),
-ends each with EOS and packs them with the `wrapped` strategy. LoRA trains an adapter and saves a
-merged full checkpoint. The final checkpoint is written atomically, then handed to the next stage.
+A checkpoint is written to a temporary folder and renamed into place, so `model/` is always whole;
+with LoRA the adapter is merged and a full plain checkpoint is saved.
 """
 
 from __future__ import annotations
@@ -11,26 +10,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import shutil
 import sys
 import time
-import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 import torch
-from accelerate import PartialState
-from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
-from trl import SFTConfig, SFTTrainer
-from trl.chat_template_utils import is_chat_template_stop_token_trained
 
-from pipeline import preempt, tokcache
+from pipeline import preempt
 from pipeline.config import ConfigError
+from pipeline.distributed import is_main, main_writes, trainer_state_args
 from pipeline.files import commit_dir, read_json
 from pipeline.telemetry import MEMORY_LIMIT, Telemetry
 
@@ -49,49 +42,33 @@ def use_bf16(precision: str) -> bool:
     return has_bf16
 
 
-def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
-    """Load a tokenizer; check it has a chat template (with generation markers) when one is needed."""
-    tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer or path, trust_remote_code=model_cfg.trust_remote_code)
-    if model_cfg.chat_template:
-        tok.chat_template = Path(model_cfg.chat_template).read_text(encoding="utf-8")
-    if need_template and not tok.chat_template:
-        raise ConfigError(f"tokenizer of {path} has no chat template; set model.chat_template to a Jinja file")
+def model_dtype(precision: str) -> torch.dtype:
+    """The dtype models are loaded in for `model.precision` (see `use_bf16`)."""
+    return torch.bfloat16 if use_bf16(precision) else torch.float32
+
+
+def with_pad_token(tok: Any) -> Any:
+    """The tokenizer, padding with its EOS token when it has no pad token of its own."""
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
-    """Refuse data that cannot feed this stage's format, before the model loads."""
-    cols = set(dataset.column_names)
-    if stage.format == "chat" and "messages" not in cols:
-        raise ConfigError(f"stage '{name}' (format chat) needs a `messages` column; its mixture gives {sorted(cols)}")
-    if stage.format == "text" and "text" not in cols:
-        raise ConfigError(f"stage '{name}' (format text) needs `text` or `messages`; its mixture gives {sorted(cols)}")
-    if stage.assistant_only_loss and "generation" not in (tok.chat_template or ""):
-        raise ConfigError(f"stage '{name}': assistant_only_loss needs a chat template with "
-                          "{% generation %} markers around assistant turns")
-    if stage.assistant_only_loss and not is_chat_template_stop_token_trained(tok):
-        log.warning("stage %s: the chat template leaves the assistant's end-of-turn token out of the loss mask; the "
-                    "model may not learn to stop", name)
+def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
+    """Load a tokenizer; check it has a chat template when one is needed."""
+    tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer or path, trust_remote_code=model_cfg.trust_remote_code)
+    if model_cfg.chat_template:
+        tok.chat_template = Path(model_cfg.chat_template).read_text(encoding="utf-8")
+    if need_template and not tok.chat_template:
+        raise ConfigError(f"tokenizer of {path} has no chat template; set model.chat_template to a Jinja file")
+    return with_pad_token(tok)
 
 
-def deepspeed_on() -> bool:
-    """Whether `accelerate launch` runs this process under DeepSpeed (a config with `distributed_type: DEEPSPEED`)."""
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
-
-
-def process_state() -> PartialState:
-    """The process group, created once per process before any trainer.
-
-    DeepSpeed without CUDA (PLATFORM.md): accelerate would pick no backend and fill DeepSpeed's "auto"
-    batch sizes for a world size of 1, so the state is created over gloo first and every trainer
-    reuses it (`common_args`). Otherwise a plain state (CPU processes over gloo when there is no GPU).
-    """
-    if deepspeed_on() and not torch.cuda.is_available():
-        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")  # per DeepSpeed call
-        return PartialState(backend="gloo")
-    return PartialState(cpu=not torch.cuda.is_available())
+def load_model(path: str | Path, model_cfg: Any):
+    """A causal LM from a checkpoint, in the training precision."""
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=model_dtype(model_cfg.precision), use_safetensors=True,
+        attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
 
 
 def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
@@ -101,6 +78,7 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
         learning_rate=stage.learning_rate,
         lr_scheduler_type=stage.lr_scheduler_type,
         lr_scheduler_kwargs={"min_lr_rate": stage.min_lr_rate} if "min_lr" in stage.lr_scheduler_type else None,
+        # transformers 5 has no warmup_ratio: a warmup_steps below 1 is read as a fraction of the training steps
         warmup_steps=stage.warmup_ratio,
         max_grad_norm=stage.max_grad_norm,
         weight_decay=stage.weight_decay,
@@ -118,59 +96,9 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
         bf16=use_bf16(precision),
         use_cpu=not torch.cuda.is_available(),
         report_to="none",
-        disable_tqdm=not (PartialState().is_main_process and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
-        **_configured_state(),
+        disable_tqdm=not (is_main() and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
+        **trainer_state_args(),
     )
-
-
-def _configured_state() -> dict:
-    """DeepSpeed without CUDA: the trainer keeps `process_state`'s gloo group, with a fresh accelerator state
-    (accelerate takes one DeepSpeed plugin per state, and the previous stage's trainer left its own)."""
-    if not (deepspeed_on() and not torch.cuda.is_available()):
-        return {}
-    AcceleratorState._reset_state()
-    return {"accelerator_config": {"use_configured_state": True}}
-
-
-def check_lengths(dataset: Any, stage: Any, name: str) -> int:
-    """Apply the truncation policy to tokenised rows; return how many rows will be cut.
-
-    Rows longer than `max_length` keep their start and lose their end (TRL's truncation), unless
-    packing splits them (`wrapped`, `bfd_split`). The count is logged; if every row would be cut,
-    the stage is refused (the data or max_length is wrong).
-    """
-    if stage.packing and stage.packing_strategy in ("wrapped", "bfd_split"):
-        return 0
-    lengths = pc.list_value_length(dataset.with_format("arrow")["input_ids"]).to_numpy()
-    long = int((lengths > stage.max_length).sum())
-    if long == len(lengths):
-        raise ConfigError(f"stage '{name}': all {long} rows are longer than max_length={stage.max_length} tokens "
-                          f"(shortest: {min(lengths)}); raise max_length or fix the data")
-    if long:
-        log.warning("stage %s: %d of %d rows exceed max_length=%d and are truncated at the end", name, long,
-                    len(lengths), stage.max_length)
-    return long
-
-
-def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig:
-    """SFTTrainer arguments for an SFT / mid-training stage."""
-    wrapped = stage.packing and stage.packing_strategy == "wrapped"
-    return SFTConfig(
-        **common_args(stage, work_dir, seed, precision),
-        packing=stage.packing,
-        packing_strategy=stage.packing_strategy,
-        padding_free=stage.padding_free and not wrapped,
-        train_sampling_strategy=stage.sampling,
-        assistant_only_loss=False,  # rows come tokenised; their `assistant_masks` column masks the loss
-        include_num_input_tokens_seen="non_padding",
-    )
-
-
-def load_model(path: str | Path, model_cfg: Any):
-    """A causal LM from a checkpoint, in the training precision."""
-    return AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.bfloat16 if use_bf16(model_cfg.precision) else torch.float32, use_safetensors=True,
-        attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
 
 
 def lora_config(stage: Any):
@@ -183,36 +111,41 @@ def lora_config(stage: Any):
                       target_modules=stage.lora.target_modules, task_type="CAUSAL_LM")
 
 
+def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple[Any, str | None]:
+    """Train (resuming from the last checkpoint in the trainer's output folder) and save `out_dir/model`."""
+    work_dir = Path(trainer.args.output_dir)
+    resume = last_complete_checkpoint(work_dir)
+    if resume:
+        log.info("resuming %s from %s", out_dir.name, resume)
+    trainer.add_callback(preempt.PreemptCallback())
+    with disk_errors_explained(out_dir / "model"):
+        result = trainer.train(resume_from_checkpoint=resume)
+        preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
+        if telemetry.memory_stop:
+            raise preempt.Preempted(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name}; checkpoint saved")
+        save_trained(trainer, tok, out_dir / "model")
+    unset_hf_deepspeed_config()  # ZeRO-3 must not partition what one process loads later (eval, sampling)
+    with main_writes() as main:
+        if main:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    return result, resume
+
+
 def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
     """Train (resuming from the last checkpoint in the trainer's output folder), save a full checkpoint
     to `out_dir/model` atomically, drop the intermediate checkpoints, and return the training metrics.
 
     Runs collectively on every rank; only the main process writes files.
     """
-    state = PartialState()
     started = time.time()
-    work_dir = Path(trainer.args.output_dir)
-    resume = last_complete_checkpoint(work_dir)
-    if resume:
-        log.info("resuming %s from %s", out_dir.name, resume)
-    trainer.add_callback(preempt.PreemptCallback())
     telemetry = Telemetry().attach(trainer)
-    with disk_errors_explained(out_dir / "model"):
-        result = trainer.train(resume_from_checkpoint=resume)
-        preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
-        if telemetry.memory_stop:
-            raise preempt.Preempted(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name}; checkpoint saved")
-        _save(trainer, tok, out_dir / "model", merge_lora=_is_peft(trainer.model))
-    unset_hf_deepspeed_config()  # ZeRO-3 must not partition what one process loads later (eval, sampling)
+    result, resume = _train(trainer, tok, out_dir, telemetry)
     runtime = result.metrics.get("train_runtime", 0.0)
     history = trainer.state.log_history
     losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
-    if state.is_main_process:
-        shutil.rmtree(work_dir, ignore_errors=True)
-    state.wait_for_everyone()
     tokens = int(trainer.state.num_input_tokens_seen)
     precision = "bf16" if trainer.args.bf16 else "fp32"
-    tele = telemetry.summary(trainer.model, tokens, runtime, precision, state.num_processes)
+    tele = telemetry.summary(trainer.model, tokens, runtime, precision, trainer.accelerator.num_processes)
     if tele["mfu"] is not None and tele["mfu"] < MFU_ALERT:
         log.warning("%s: MFU %.1f%% is under %.0f%% (compute %.1f s, data wait %.1f s, saving %.1f s)", out_dir.name,
                     100 * tele["mfu"], 100 * MFU_ALERT, tele["compute_s"], tele["data_wait_s"], tele["save_s"])
@@ -252,56 +185,45 @@ def last_complete_checkpoint(work_dir: Path) -> str | None:
     for _, path in reversed(steps):
         if read_json(path / "trainer_state.json") is not None:
             return str(path)
-        if PartialState().is_main_process:
+        if is_main():
             log.warning("dropping incomplete checkpoint %s", path)
             shutil.rmtree(path, ignore_errors=True)
     return None
 
 
-def _is_peft(model: Any) -> bool:
-    return hasattr(model, "merge_and_unload")
-
-
-def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int,
-          cache_dir: Path) -> dict:
-    """SFT / mid-training of `model_path` on `dataset` into `stage_dir/model`; return the metrics.
-
-    The rows are tokenised once into `cache_dir` (see `tokcache`). Intermediate checkpoints go to
-    `stage_dir/work`; if one exists the run resumes from it.
-    """
-    check_columns(dataset, stage, tok, stage_dir.name)
-    dataset = tokcache.tokenised(dataset, stage, tok, cache_dir, stage_dir.name)
-    truncated = check_lengths(dataset, stage, stage_dir.name)
-    args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision)  # first: ZeRO-3 then shards the load
-    trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
-                         processing_class=tok, peft_config=lora_config(stage))
-    return {**fit(trainer, tok, stage_dir), "truncated_rows": truncated}
-
-
-def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:
-    """Write a full, plain HF checkpoint to `out` atomically (all ranks call; main writes)."""
-    state = PartialState()
+def save_checkpoint(out: Path, write: Callable[[Path], None], every_rank: bool = False) -> None:
+    """Write the checkpoint folder `out` atomically: `write(tmp)` fills a temporary folder beside it (on the
+    main process, or on every rank when the save is collective, e.g. gathering ZeRO-3 shards), then the main
+    process renames it into place. Every rank calls this; every rank returns once `out` is whole."""
     tmp = out.with_name(f".{out.name}.tmp")
-    if state.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-    state.wait_for_everyone()
+    with main_writes() as main:
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
     try:
-        if merge_lora:
-            with _gathered(trainer.model):
-                if state.is_main_process:
-                    merged = trainer.model.merge_and_unload()
-                    merged.save_pretrained(tmp)
-                    tok.save_pretrained(tmp)
-        else:
-            trainer.save_model(str(tmp))
-        if state.is_main_process:
-            (tmp / "training_args.bin").unlink(missing_ok=True)
-            commit_dir(tmp, out)
+        if main or every_rank:
+            write(tmp)
+        with main_writes():
+            if main:
+                (tmp / "training_args.bin").unlink(missing_ok=True)
+                commit_dir(tmp, out)
     except BaseException:
-        if state.is_main_process:  # other ranks must not touch the folder the main process writes
+        if main:  # other ranks must not touch the folder the main process writes
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    state.wait_for_everyone()
+
+
+def save_trained(trainer: Any, tok: Any, out: Path) -> None:
+    """Save a trainer's model as a full, plain HF checkpoint to `out` atomically (a LoRA adapter merged in)."""
+    if not hasattr(trainer.model, "merge_and_unload"):
+        save_checkpoint(out, lambda tmp: trainer.save_model(str(tmp)), every_rank=True)
+        return
+
+    def merged(tmp: Path) -> None:
+        with _gathered(trainer.model):
+            if is_main():
+                trainer.model.merge_and_unload().save_pretrained(tmp)
+                tok.save_pretrained(tmp)
+    save_checkpoint(out, merged, every_rank=True)
 
 
 def _gathered(model: Any) -> contextlib.AbstractContextManager:

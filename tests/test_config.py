@@ -90,7 +90,7 @@ def test_every_shipped_recipe_has_gates_its_eval_produces(recipe, tmp_path):
 
 
 def test_length_grouped_sampling_reaches_the_trainer(tmp_path):
-    from pipeline.training import sft_args
+    from pipeline.stages.sft import sft_args
 
     cfg = load_config(["recipe=tiny", "sft.sampling=group_by_length"])
     assert sft_args(cfg.sft, tmp_path, 0, "fp32").train_sampling_strategy == "group_by_length"

@@ -12,9 +12,9 @@ from conftest import FAST, run_cli
 from safetensors.torch import load_file
 from trl import DPOTrainer
 
-from pipeline.config import load_config
+from pipeline.config import grid, load_config
 from pipeline.gsm import is_correct
-from pipeline.stage import StageContext
+from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
 from pipeline.training import load_tokenizer
 
@@ -142,7 +142,8 @@ def _stage(cache_dir, tiny_base, out, *overrides) -> tuple:
                        "dpo.logging_steps=1", "dpo.soup.top_k=0", "dpo.merge.stage=", "dpo.warmup_ratio=0",
                        "dpo.sweep.learning_rate=[1e-4,1e-3]", *overrides])
     ctx = StageContext(cfg, "dpo", tiny_base, out)
-    return ctx, load_tokenizer(tiny_base, cfg.model, need_template=True), dpo._on_disk(dpo._pairs(ctx), out / "pairs")
+    pairs = dpo.on_disk(dpo.preference_pairs(ctx), out / "pairs")
+    return ctx, load_tokenizer(tiny_base, cfg.model, need_template=True), pairs
 
 
 @pytest.fixture(scope="module")
@@ -153,13 +154,13 @@ def shared_sweep(tmp_path_factory, cache_dir, tiny_base):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DPOTrainer, "compute_ref_log_probs", lambda self, *a: forwards.append(1) or real(self, *a))
         ctx, tok, pairs = _stage(cache_dir, tiny_base, out)
-        shared = dpo._with_reference(ctx, tok, pairs, out / "pairs_ref")
+        shared = dpo.with_reference(ctx, tok, pairs, out / "pairs_ref")
         counts = {"reference": len(forwards)}
         metrics = {}
-        for cand in dpo.grid(ctx.stage)[:2]:
-            metrics[cand["id"]] = dpo._train(ctx, tok, shared, cand, out / cand["id"])
+        for cand in grid(ctx.stage)[:2]:
+            metrics[cand["id"]] = dpo.train_candidate(ctx.for_candidate(cand), tok, shared)
             counts[cand["id"]] = len(forwards) - sum(counts.values())
-        dpo._with_reference(ctx, tok, pairs, out / "pairs_ref")
+        dpo.with_reference(ctx, tok, pairs, out / "pairs_ref")
         counts["again"] = len(forwards) - sum(counts.values())
     return counts, metrics, shared, len(pairs)
 
@@ -177,8 +178,8 @@ def test_shared_reference_log_probs_give_the_losses_of_a_per_step_reference(shar
                                                                              tmp_path):
     _, metrics, _, _ = shared_sweep
     ctx, tok, pairs = _stage(cache_dir, tiny_base, tmp_path, "dpo.precompute_ref_log_probs=false")
-    cand = dpo.grid(ctx.stage)[1]
-    per_step = dpo._train(ctx, tok, pairs, cand, tmp_path / cand["id"])
+    cand = grid(ctx.stage)[1]
+    per_step = dpo.train_candidate(ctx.for_candidate(cand), tok, pairs)
     shared = metrics[cand["id"]]
     assert [s for s, _ in per_step["losses"]] == [s for s, _ in shared["losses"]] == [1, 2, 3]
     assert [v for _, v in shared["losses"]] == pytest.approx([v for _, v in per_step["losses"]], abs=1e-5)

@@ -9,8 +9,9 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from pipeline.gsm import extract_answer, is_correct
-from pipeline.onpolicy import build_pairs, on_policy_pairs, sample_answers
-from pipeline.tiny import build_tokenizer, data_dir
+from pipeline.rl.onpolicy import build_pairs, on_policy_pairs, sample_answers
+from pipeline.tiny.data import data_dir
+from pipeline.tiny.model import build_tokenizer
 
 TINY = {"seed": 0, "sft_examples": 50, "midtrain_examples": 10, "general_examples": 10, "pretrain_examples": 30,
         "test_examples": 5}

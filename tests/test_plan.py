@@ -101,10 +101,10 @@ def test_tiny_plan_and_an_existing_run_planned_by_the_orchestrator(tmp_path, cac
     assert not (tmp_path / "tiny").exists()
 
     from pipeline.files import write_json
-    from pipeline.orchestrator import plan as orchestrator_plan
+    from pipeline.resume import decide
 
     cfg = load_config(args)
-    first = orchestrator_plan(cfg, tmp_path / "tiny")[0]  # a stage interrupted mid-training resumes
+    first = decide(cfg, tmp_path / "tiny")[0]  # a stage interrupted mid-training resumes
     write_json(first.dir / "stage.json", {"status": "running", "fingerprint": first.fingerprint})
     proc = run_cli(*args, "plan=true", "plan.output=json")
     assert proc.returncode == 0, proc.stderr

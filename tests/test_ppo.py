@@ -20,7 +20,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.ppo import PPOLoop, ValueModel, gae, kl_estimate, policy_loss, response_mask, value_loss, whiten  # noqa: E402
+from pipeline.rl.actor_critic import (  # noqa: E402
+    PPOLoop,
+    ValueModel,
+    gae,
+    kl_estimate,
+    policy_loss,
+    response_mask,
+    value_loss,
+    whiten,
+)
 
 TARGET, EOS, PAD, VOCAB = 5, 1, 0, 16
 
@@ -203,7 +212,7 @@ def test_two_processes_share_statistics(tmp_path):
 def _format_pairs(path: Path, n: int) -> Path:
     """A preference mixture with a learnable rule: the worked answer (chosen) over the same answer without
     its `#### N` line (rejected). Returns the mixture YAML."""
-    from pipeline.tiny import build_splits
+    from pipeline.tiny.data import build_splits
 
     splits = build_splits({"seed": 7, "sft_examples": n, "midtrain_examples": 1, "general_examples": 1,
                            "pretrain_examples": 1, "test_examples": 1})

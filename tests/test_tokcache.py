@@ -14,7 +14,8 @@ from trl import SFTTrainer
 from pipeline import tokcache
 from pipeline.config import load_config
 from pipeline.data import load_mixture
-from pipeline.training import load_model, load_tokenizer, sft_args, train
+from pipeline.stages.sft import sft_args, train
+from pipeline.training import load_model, load_tokenizer
 
 
 @pytest.fixture(scope="module")

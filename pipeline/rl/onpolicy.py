@@ -9,6 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.gsm import is_correct
+from pipeline.rl.generation import generate
+from pipeline.training import model_dtype, with_pad_token
 
 Chat = list[dict]
 
@@ -16,24 +18,9 @@ Chat = list[dict]
 def sample_answers(model: Any, tokenizer: Any, prompts: list[Chat], k: int, max_new_tokens: int,
                    temperature: float, batch_size: int, seed: int) -> list[list[str]]:
     """For each chat prompt, `k` sampled completions (new tokens only, special tokens skipped)."""
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    model.eval()
     torch.manual_seed(seed)
-    out: list[list[str]] = []
-    try:
-        with torch.no_grad():
-            for start in range(0, len(texts), batch_size):
-                enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                                add_special_tokens=False).to(model.device)
-                gen = model.generate(**enc, do_sample=True, temperature=temperature, num_return_sequences=k,
-                                     max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                     eos_token_id=tokenizer.eos_token_id)
-                decoded = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-                out.extend(decoded[i:i + k] for i in range(0, len(decoded), k))
-    finally:
-        tokenizer.padding_side = side
-    return out
+    return generate(model, tokenizer, prompts, batch_size, max_new_tokens, k=k, do_sample=True,
+                    temperature=temperature)
 
 
 def build_pairs(prompts: list[Chat], answers: list[str], samples: list[list[str]]) -> tuple[list[dict], dict]:
@@ -58,13 +45,9 @@ def build_pairs(prompts: list[Chat], answers: list[str], samples: list[list[str]
 def on_policy_pairs(model_path: str | Path, prompts: list[Chat], answers: list[str], k: int, max_new_tokens: int,
                     temperature: float, batch_size: int, seed: int) -> tuple[list[dict], dict]:
     """Load the model at `model_path` (bf16 on capable GPUs, fp32 otherwise), sample and build pairs."""
-    cuda = torch.cuda.is_available()
-    dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-    if cuda:
+    tokenizer = with_pad_token(AutoTokenizer.from_pretrained(model_path))
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=model_dtype("auto"))
+    if torch.cuda.is_available():
         model.to("cuda")
     samples = sample_answers(model, tokenizer, prompts, k, max_new_tokens, temperature, batch_size, seed)
     return build_pairs(prompts, answers, samples)

@@ -5,7 +5,8 @@
 - model: the scalar output of a sequence classifier (TRL RewardTrainer checkpoint) on the chat
   prompt + response rendered through the chat template.
 
-`reward_model` names a checkpoint path or an earlier stage of this run (`stages/NN-<name>/model`).
+`reward_model` names a checkpoint path or an earlier stage of this run (`stages/NN-<name>/model`), e.g. one
+trained by the `reward` stage (`pipeline.stages.reward_model`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from pipeline.config import ConfigError
 from pipeline.gsm import extract_answer, is_correct
-from pipeline.stage import earlier_stage_model
+from pipeline.runfolder import earlier_stage_model
+from pipeline.training import with_pad_token
 
 Chat = list[dict]
 
@@ -48,15 +51,16 @@ def resolve_reward_model(name: str, stage_dir: Path) -> Path:
 class RewardModel:
     """Scores (prompt chat, response text) pairs with a sequence classifier (one output), batched."""
 
-    def __init__(self, path: Path, device: Any = "cpu", batch_size: int = 32):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    def __init__(self, model: Any, tok: Any, batch_size: int = 32):
+        self.model, self.tok, self.batch_size = model, tok, batch_size
 
-        self.tok = AutoTokenizer.from_pretrained(path)
-        if self.tok.pad_token is None:
-            self.tok.pad_token = self.tok.eos_token
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).to(device).eval()
-        self.model.config.pad_token_id = self.tok.pad_token_id
-        self.device, self.batch_size = device, batch_size
+    @classmethod
+    def load(cls, path: Path, device: Any = "cpu", batch_size: int = 32) -> RewardModel:
+        """The reward model saved at `path` (a classifier with its tokenizer), on `device`, in eval mode."""
+        tok = with_pad_token(AutoTokenizer.from_pretrained(path))
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).to(device).eval()
+        model.config.pad_token_id = tok.pad_token_id
+        return cls(model, tok, batch_size)
 
     @torch.no_grad()
     def __call__(self, prompts: list[Chat], responses: list[str]) -> list[float]:
@@ -67,7 +71,7 @@ class RewardModel:
         try:
             for s in range(0, len(texts), self.batch_size):
                 enc = self.tok(texts[s:s + self.batch_size], return_tensors="pt", padding=True,
-                               add_special_tokens=False).to(self.device)
+                               add_special_tokens=False).to(self.model.device)
                 out.extend(self.model(**enc).logits[:, 0].float().tolist())
         finally:
             self.tok.padding_side = side
@@ -80,8 +84,20 @@ def reward_function(stage: Any, stage_dir: Path, device: Any = "cpu"):
         def score(prompts: list[Chat], responses: list[str], answers: list[str]) -> list[float]:
             return [verifiable(r, a, stage.format_reward) for r, a in zip(responses, answers, strict=True)]
         return score
-    model = RewardModel(resolve_reward_model(stage.reward_model, stage_dir), device)
+    model = RewardModel.load(resolve_reward_model(stage.reward_model, stage_dir), device)
 
     def score_model(prompts: list[Chat], responses: list[str], answers: list[str] | None = None) -> list[float]:
         return model(prompts, responses)
     return score_model
+
+
+def load_prompts(stage: Any, cfg: Any, kind: str) -> Any:
+    """The RL stage's mixture with its prompts as chats; refuses one without `prompt` (and `answer`, which the
+    verifiable reward checks against)."""
+    from pipeline.data import load_mixture
+
+    data = load_mixture(stage.mixture, cfg)
+    if "prompt" not in data.column_names or (stage.reward == "verifiable" and "answer" not in data.column_names):
+        raise ConfigError(f"{kind} mixture '{stage.mixture}' needs `prompt` and `answer` columns; it has "
+                          f"{sorted(data.column_names)}")
+    return data.map(lambda r: {"prompt": as_chat(r["prompt"])})

@@ -1,11 +1,11 @@
-"""PPO stage: our actor-critic loop (`pipeline.ppo.PPOLoop`) from the input checkpoint.
+"""PPO stage: our actor-critic loop (`pipeline.rl.actor_critic.PPOLoop`) from the input checkpoint.
 
 Policy = the input checkpoint (LoRA adapter on it when `lora.r > 0`); reference = a frozen copy (with
 LoRA: the adapter-disabled base); value model = a one-output sequence classifier initialised from the
 policy (`value_init: policy`) or from the reward model (`value_init: reward_model`). Prompts come
 from the mixture (a string prompt becomes one user turn); the reward is the verifiable `#### N` check
-against `answer` or a reward model. On the tiny recipe the mean verifiable reward of greedy answers
-on the held-out test problems is measured before and after training (`heldout_reward_*`).
+against `answer` or a reward model. Where the base model ships held-out problems, the mean verifiable
+reward of greedy answers on them is measured before and after training (`heldout_reward_*`).
 """
 
 from __future__ import annotations
@@ -13,134 +13,104 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator, PartialState
-from omegaconf import OmegaConf
+from accelerate import Accelerator
 from transformers import AutoModelForSequenceClassification
 
-from pipeline.config import ConfigError, cache_dir
-from pipeline.data import load_mixture
-from pipeline.files import commit_dir, write_text
-from pipeline.ppo import PPOLoop, ValueModel
-from pipeline.rewards import as_chat, resolve_reward_model, reward_function, verifiable
-from pipeline.stage import StageContext
-from pipeline.training import load_model, load_tokenizer, lora_config, use_bf16
+from pipeline.distributed import main_writes
+from pipeline.files import write_text
+from pipeline.rl.actor_critic import PPOLoop, ValueModel
+from pipeline.rl.heldout import greedy_reward, heldout_rows
+from pipeline.rl.rewards import load_prompts, resolve_reward_model, reward_function
+from pipeline.runfolder import StageContext
+from pipeline.training import load_model, load_tokenizer, lora_config, model_dtype, save_checkpoint
 
 log = logging.getLogger("pipeline")
+SUMMARY = ("reward_mean", "reward_std", "kl", "entropy", "clipfrac", "approx_kl", "value_loss", "explained_variance",
+           "response_length")
 
 
-def heldout_rows(ctx: StageContext) -> list[dict]:
-    """The tiny recipe's held-out test problems as {prompt, answer}; empty for other models."""
-    if ctx.cfg.model.name_or_path != "tiny":
-        return []
-    from pipeline.tiny import data_dir
-
-    path = data_dir(cache_dir(ctx.cfg), OmegaConf.to_container(ctx.cfg.tiny)) / "test.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    return [{"prompt": as_chat(r["question"]), "answer": r["answer"]} for r in rows]
-
-
-@torch.no_grad()
-def greedy_reward(model: Any, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 64) -> float:
-    """Mean verifiable reward (exact `#### N` match) of greedy answers to `rows`."""
-    if not rows:
-        return float("nan")
-    side, tok.padding_side = tok.padding_side, "left"
-    was_training = model.training
-    model.eval()
-    hits = 0.0
-    try:
-        for s in range(0, len(rows), batch_size):
-            chunk = rows[s:s + batch_size]
-            texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in chunk]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-            gen = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id)
-            outs = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-            hits += sum(verifiable(o, r["answer"]) for o, r in zip(outs, chunk, strict=True))
-    finally:
-        tok.padding_side = side
-        model.train(was_training)
-    return hits / len(rows)
-
-
-def _value_model(ctx: StageContext, dtype: torch.dtype, pad_id: int) -> ValueModel:
+def _value_model(ctx: StageContext, pad_id: int) -> ValueModel:
     stage = ctx.stage
     source = ctx.input_model if stage.value_init == "policy" else resolve_reward_model(stage.reward_model,
                                                                                       ctx.stage_dir)
-    classifier = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, dtype=dtype)
+    classifier = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1,
+                                                                    dtype=model_dtype(ctx.cfg.model.precision))
     classifier.config.pad_token_id = pad_id
     if stage.value_init == "policy":
         torch.nn.init.zeros_(classifier.score.weight)  # start from V = 0 rather than random values
     return ValueModel(classifier)
 
 
+def _prompts(ctx: StageContext, tok: Any) -> list[dict]:
+    """The mixture's prompts as rows {prompt, answer, input_ids (the rendered prompt)}."""
+    rows = []
+    for row in load_prompts(ctx.stage, ctx.cfg, "ppo"):
+        ids = tok.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)
+        rows.append({"prompt": row["prompt"], "answer": row.get("answer"), "input_ids": list(ids)})
+    return rows
+
+
+def _models(ctx: StageContext, tok: Any, device: Any) -> tuple[Any, Any, ValueModel]:
+    """Policy (with a LoRA adapter when asked), reference (None with LoRA: the disabled adapter) and value model."""
+    policy = load_model(ctx.input_model, ctx.cfg.model).to(device)
+    policy.generation_config.pad_token_id = tok.pad_token_id
+    ref = None
+    if lora_config(ctx.stage) is not None:
+        from peft import get_peft_model
+
+        policy = get_peft_model(policy, lora_config(ctx.stage))
+    else:
+        ref = load_model(ctx.input_model, ctx.cfg.model).to(device)
+    return policy, ref, _value_model(ctx, tok.pad_token_id).to(device)
+
+
+def _save(ctx: StageContext, loop: PPOLoop, model: Any, tok: Any, history: list[dict]) -> None:
+    """The policy as `model/` (atomically), the value model, the update history; the work folder goes."""
+    def write(tmp):
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    save_checkpoint(ctx.out_dir / "model", write)
+    with main_writes() as main:
+        if main:
+            loop.acc.unwrap_model(loop.value).model.save_pretrained(ctx.out_dir / "value_model")
+            write_text(ctx.out_dir / "history.json", json.dumps(history, indent=1))
+            shutil.rmtree(loop.work_dir, ignore_errors=True)
+
+
 def run(ctx: StageContext) -> dict:
+    """Train the policy with PPO into `ctx.out_dir/model`; return the loop's metrics and the held-out rewards."""
     stage, cfg = ctx.stage, ctx.cfg
     if stage.reward == "model" or stage.value_init == "reward_model":
         resolve_reward_model(stage.reward_model, ctx.stage_dir)  # fail early with a clear message
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
-    data = load_mixture(stage.mixture, cfg)
-    if "prompt" not in data.column_names or (stage.reward == "verifiable" and "answer" not in data.column_names):
-        raise ConfigError(f"ppo mixture '{stage.mixture}' needs `prompt` and `answer` columns; it has "
-                          f"{sorted(data.column_names)}")
-    prompts = []
-    for row in data:
-        chat = as_chat(row["prompt"])
-        ids = tok.apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)
-        prompts.append({"prompt": chat, "answer": row.get("answer"), "input_ids": list(ids)})
-    score = reward_function(stage, ctx.stage_dir, accelerator.device)
+    prompts, score = _prompts(ctx, tok), reward_function(stage, ctx.stage_dir, accelerator.device)
 
     def reward_fn(rows: list[dict], responses: list[list[int]]) -> list[float]:
         texts = tok.batch_decode(responses, skip_special_tokens=True)
         return score([r["prompt"] for r in rows], texts, [r["answer"] for r in rows])
 
-    dtype = torch.bfloat16 if use_bf16(cfg.model.precision) else torch.float32
-    policy = load_model(ctx.input_model, cfg.model).to(accelerator.device)
-    policy.generation_config.pad_token_id = tok.pad_token_id
-    ref = None
-    if lora_config(stage) is not None:
-        from peft import get_peft_model
-
-        policy = get_peft_model(policy, lora_config(stage))
-    else:
-        ref = load_model(ctx.input_model, cfg.model).to(accelerator.device)
-    value = _value_model(ctx, dtype, tok.pad_token_id).to(accelerator.device)
-
-    heldout = heldout_rows(ctx)
-    before = greedy_reward(policy, tok, heldout, stage.max_new_tokens) if accelerator.is_main_process else None
-    work = ctx.stage_dir / "work"
-    if accelerator.is_main_process:
-        work.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
+    policy, ref, value = _models(ctx, tok, accelerator.device)
+    main, heldout = accelerator.is_main_process, heldout_rows(cfg)
+    before = greedy_reward(policy, tok, heldout, stage.max_new_tokens) if main else None
+    with main_writes() as is_main:
+        if is_main:
+            (ctx.out_dir / "work").mkdir(parents=True, exist_ok=True)
     loop = PPOLoop(stage, accelerator, policy, value, ref, prompts, reward_fn, tok.pad_token_id, tok.eos_token_id,
-                   work, seed=cfg.seed, log_path=ctx.stage_dir / f"updates-rank{accelerator.process_index}.jsonl")
+                   ctx.out_dir / "work", seed=cfg.seed,
+                   log_path=ctx.out_dir / f"updates-rank{accelerator.process_index}.jsonl")
     metrics = loop.train()
     model = accelerator.unwrap_model(loop.policy)
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    after = greedy_reward(model, tok, heldout, stage.max_new_tokens) if accelerator.is_main_process else None
-    if accelerator.is_main_process:
-        tmp = ctx.stage_dir / ".model.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        commit_dir(tmp, ctx.stage_dir / "model")
-        accelerator.unwrap_model(loop.value).model.save_pretrained(ctx.stage_dir / "value_model")
-        write_text(ctx.stage_dir / "history.json", json.dumps(metrics["history"], indent=1))
-        shutil.rmtree(work, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    PartialState().wait_for_everyone()
-    metrics.pop("history")
+    after = greedy_reward(model, tok, heldout, stage.max_new_tokens) if main else None
+    _save(ctx, loop, model, tok, metrics.pop("history"))
     last = loop.history[-min(5, len(loop.history)):]
-    summary = {k: round(sum(h[k] for h in last) / max(1, len(last)), 4)
-               for k in ("reward_mean", "reward_std", "kl", "entropy", "clipfrac", "approx_kl", "value_loss",
-                         "explained_variance", "response_length")} if last else {}
+    summary = {k: round(sum(h[k] for h in last) / len(last), 4) for k in SUMMARY} if last else {}
     log.info("ppo: held-out greedy reward %s -> %s; last updates %s", before, after, summary)
     return {**metrics, "heldout_reward_before": before, "heldout_reward_after": after,
             "heldout_prompts": len(heldout), "last_updates": summary, "world_size": accelerator.num_processes,
-            "value_model": str(Path(ctx.stage_dir) / "value_model")}
+            "value_model": str(ctx.out_dir / "value_model")}

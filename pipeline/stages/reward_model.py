@@ -3,7 +3,7 @@
 The model is the input checkpoint as a one-output sequence classifier. A held-out tenth of the pairs
 (at least one, at most 200) is kept out of training; the stage reports the pairwise accuracy (chosen
 scored above rejected) on it before and after training. `ctx.stage_dir/model` is the classifier
-with its tokenizer, which PPO / GRPO load through `reward_model: <stage name>`.
+with its tokenizer, which PPO / GRPO load (`pipeline.rl.rewards`) through `reward_model: <stage name>`.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from __future__ import annotations
 import logging
 
 import torch
-from accelerate import PartialState
 from transformers import AutoModelForSequenceClassification
 from trl import RewardConfig as TrlRewardConfig
 from trl import RewardTrainer
 
 from pipeline.config import ConfigError
 from pipeline.data import load_mixture
-from pipeline.rewards import as_chat
-from pipeline.stage import StageContext
-from pipeline.training import common_args, fit, load_tokenizer, lora_config, use_bf16
+from pipeline.distributed import is_main
+from pipeline.rl.rewards import RewardModel, as_chat
+from pipeline.runfolder import StageContext
+from pipeline.training import common_args, fit, load_tokenizer, lora_config, model_dtype
 
 log = logging.getLogger("pipeline")
 
@@ -32,10 +32,7 @@ def _text(message_or_chat) -> str:
 @torch.no_grad()
 def pair_accuracy(model, tok, pairs, batch_size: int = 32) -> float:
     """Fraction of pairs whose chosen response scores above the rejected one."""
-    from pipeline.rewards import RewardModel
-
-    scorer = RewardModel.__new__(RewardModel)
-    scorer.tok, scorer.model, scorer.device, scorer.batch_size = tok, model, model.device, batch_size
+    scorer = RewardModel(model, tok, batch_size)
     was_training = model.training
     model.eval()
     try:
@@ -57,18 +54,18 @@ def run(ctx: StageContext) -> dict:
     held = min(200, max(1, len(data) // 10))
     split = data.train_test_split(test_size=held, seed=cfg.seed, shuffle=True)
     train, test = split["train"], [dict(r) for r in split["test"]]
-    model = AutoModelForSequenceClassification.from_pretrained(
-        ctx.input_model, num_labels=1, dtype=torch.bfloat16 if use_bf16(cfg.model.precision) else torch.float32)
+    model = AutoModelForSequenceClassification.from_pretrained(ctx.input_model, num_labels=1,
+                                                               dtype=model_dtype(cfg.model.precision))
     model.config.pad_token_id = tok.pad_token_id
-    state = PartialState()
-    before = pair_accuracy(model, tok, test) if state.is_main_process else None
-    args = TrlRewardConfig(**common_args(stage, ctx.stage_dir / "work", cfg.seed, cfg.model.precision),
+    main = is_main()
+    before = pair_accuracy(model, tok, test) if main else None
+    args = TrlRewardConfig(**common_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision),
                            center_rewards_coefficient=stage.center_rewards_coefficient or None)
     trainer = RewardTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                             peft_config=lora_config(stage))
-    metrics = fit(trainer, tok, ctx.stage_dir)
-    if state.is_main_process:
-        trained = AutoModelForSequenceClassification.from_pretrained(ctx.stage_dir / "model", num_labels=1)
+    metrics = fit(trainer, tok, ctx.out_dir)
+    if main:
+        trained = AutoModelForSequenceClassification.from_pretrained(ctx.out_dir / "model", num_labels=1)
         after = pair_accuracy(trained, tok, test)
         log.info("reward model: held-out pair accuracy %.3f -> %.3f (%d pairs)", before, after, len(test))
     else:

@@ -1,20 +1,103 @@
-"""SFT and reasoning mid-training: one code path (same trainer, different data and settings)."""
+"""SFT and reasoning mid-training: one code path (TRL's SFTTrainer; same trainer, different data and settings).
+The tiny base model's pretraining uses it too.
+
+`format: chat` trains on `messages` through the tokenizer's chat template with assistant-only loss
+and packing; `format: text` tokenises documents itself (chat rows rendered through the template),
+ends each with EOS and packs them with the `wrapped` strategy. Rows are tokenised once into the
+cache (`pipeline.tokcache`). LoRA trains an adapter and saves a merged full checkpoint.
+"""
 
 from __future__ import annotations
 
-from pipeline.config import cache_dir
+import logging
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+from trl import SFTConfig, SFTTrainer
+from trl.chat_template_utils import is_chat_template_stop_token_trained
+
+from pipeline import tokcache
+from pipeline.config import ConfigError, cache_dir
 from pipeline.data import load_mixture
-from pipeline.stage import StageContext
-from pipeline.training import load_tokenizer, train
+from pipeline.runfolder import StageContext
+from pipeline.training import common_args, fit, load_model, load_tokenizer, lora_config
+
+log = logging.getLogger("pipeline")
+
+
+def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
+    """Refuse data that cannot feed this stage's format, before the model loads."""
+    cols = set(dataset.column_names)
+    if stage.format == "chat" and "messages" not in cols:
+        raise ConfigError(f"stage '{name}' (format chat) needs a `messages` column; its mixture gives {sorted(cols)}")
+    if stage.format == "text" and "text" not in cols:
+        raise ConfigError(f"stage '{name}' (format text) needs `text` or `messages`; its mixture gives {sorted(cols)}")
+    if stage.assistant_only_loss and "generation" not in (tok.chat_template or ""):
+        raise ConfigError(f"stage '{name}': assistant_only_loss needs a chat template with "
+                          "{% generation %} markers around assistant turns")
+    if stage.assistant_only_loss and not is_chat_template_stop_token_trained(tok):
+        log.warning("stage %s: the chat template leaves the assistant's end-of-turn token out of the loss mask; the "
+                    "model may not learn to stop", name)
+
+
+def check_lengths(dataset: Any, stage: Any, name: str) -> int:
+    """Apply the truncation policy to tokenised rows; return how many rows will be cut.
+
+    Rows longer than `max_length` keep their start and lose their end (TRL's truncation), unless
+    packing splits them (`wrapped`, `bfd_split`). The count is logged; if every row would be cut,
+    the stage is refused (the data or max_length is wrong).
+    """
+    if stage.packing and stage.packing_strategy in ("wrapped", "bfd_split"):
+        return 0
+    lengths = pc.list_value_length(dataset.with_format("arrow")["input_ids"]).to_numpy()
+    long = int((lengths > stage.max_length).sum())
+    if long == len(lengths):
+        raise ConfigError(f"stage '{name}': all {long} rows are longer than max_length={stage.max_length} tokens "
+                          f"(shortest: {min(lengths)}); raise max_length or fix the data")
+    if long:
+        log.warning("stage %s: %d of %d rows exceed max_length=%d and are truncated at the end", name, long,
+                    len(lengths), stage.max_length)
+    return long
+
+
+def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig:
+    """SFTTrainer arguments for an SFT / mid-training stage."""
+    wrapped = stage.packing and stage.packing_strategy == "wrapped"
+    return SFTConfig(
+        **common_args(stage, work_dir, seed, precision),
+        packing=stage.packing,
+        packing_strategy=stage.packing_strategy,
+        padding_free=stage.padding_free and not wrapped,
+        train_sampling_strategy=stage.sampling,
+        assistant_only_loss=False,  # rows come tokenised; their `assistant_masks` column masks the loss
+        include_num_input_tokens_seen="non_padding",
+    )
+
+
+def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int,
+          cache: Path) -> dict:
+    """SFT / mid-training of `model_path` on `dataset` into `stage_dir/model`; return the metrics.
+
+    The rows are tokenised once into `cache` (see `tokcache`). Intermediate checkpoints go to
+    `stage_dir/work`; if one exists the run resumes from it.
+    """
+    check_columns(dataset, stage, tok, stage_dir.name)
+    dataset = tokcache.tokenised(dataset, stage, tok, cache, stage_dir.name)
+    truncated = check_lengths(dataset, stage, stage_dir.name)
+    args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision)  # first: ZeRO-3 then shards the load
+    trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
+                         processing_class=tok, peft_config=lora_config(stage))
+    return {**fit(trainer, tok, stage_dir), "truncated_rows": truncated}
 
 
 def run(ctx: StageContext) -> dict:
-    """Train the input checkpoint on the stage's mixture; the result lands in `ctx.stage_dir/model`."""
+    """Train the input checkpoint on the stage's mixture; the result lands in `ctx.out_dir/model`."""
     tok = load_tokenizer(ctx.input_model, ctx.cfg.model, need_template=ctx.stage.format == "chat")
     render = None
     if ctx.stage.format == "text" and tok.chat_template:
         def render(row: dict) -> str:
             return tok.apply_chat_template(row["messages"], tokenize=False, **(row.get("chat_template_kwargs") or {}))
     dataset = load_mixture(ctx.stage.mixture, ctx.cfg, render)
-    return train(ctx.stage, ctx.cfg.model, ctx.input_model, tok, dataset, ctx.stage_dir, ctx.cfg.seed,
+    return train(ctx.stage, ctx.cfg.model, ctx.input_model, tok, dataset, ctx.out_dir, ctx.cfg.seed,
                  cache_dir(ctx.cfg))

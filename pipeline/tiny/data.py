@@ -1,8 +1,5 @@
-"""The embedded tiny setup: GSM8K-style synthetic data, a local BPE tokenizer and a tiny Llama.
-
-Everything is seeded and built locally (no Hub), cached under `<cache_dir>/tiny-<hash>/`:
-`data/<split>.jsonl` for the splits below, `tokenizer/`, and `base/` (a tiny model pretrained
-briefly on the synthetic corpus, so post-training starts from a model that has seen text).
+"""The tiny setup's data: GSM8K-style synthetic splits, seeded and generated locally (no Hub, no torch),
+cached under `<cache_dir>/tiny-data-<hash>/<split>.jsonl`. Mixtures read them as `generator: tiny`.
 
 Splits: `pretrain` (general text, problem statements, arithmetic facts), `sft` (chat problems
 with worked answers), `reasoning` (harder worked problems, chat), `arithmetic` (worked `<<a+b=c>>` drills),
@@ -18,8 +15,10 @@ import json
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.config import cache_dir
 from pipeline.files import atomic_dir, fingerprint
 
 NAMES = ["Tom", "Mia", "Sam", "Ava", "Leo", "Zoe", "Max", "Ivy", "Ben", "Amy", "Dan", "Eva"]
@@ -28,16 +27,6 @@ ANIMALS = ["cat", "dog", "bird", "fox", "horse", "rabbit", "duck", "goat"]
 ADJS = ["small", "happy", "quiet", "brown", "old", "quick", "lazy", "bright"]
 PLACES = ["in the garden", "by the river", "near the house", "on the hill", "in the park"]
 VERBS = ["sleeps", "runs", "sits", "plays", "waits", "eats", "walks", "looks around"]
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\n' -}}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{% generation %}{{- message['content'] + '<|im_end|>' -}}{% endgeneration %}{{- '\n' -}}"
-    "{%- else -%}{{- message['content'] + '<|im_end|>\n' -}}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
-)
-DOC_SEP = "<|endoftext|>"
 DATA_VERSION = 4  # bump when the generator changes, so caches are rebuilt
 DATA_KEYS = ("seed", "sft_examples", "midtrain_examples", "general_examples", "pretrain_examples", "test_examples")
 
@@ -150,15 +139,15 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
     }
 
 
-def tiny_dir(cache_dir: Path, tiny: dict) -> Path:
-    """The cache folder of this tiny setup (keyed by all tiny settings)."""
-    return Path(cache_dir) / f"tiny-{fingerprint({**tiny, 'version': DATA_VERSION})}"
+def tiny_dir(cache: Path, tiny: dict) -> Path:
+    """The cache folder of this tiny setup's tokenizer and model (keyed by all tiny settings)."""
+    return Path(cache) / f"tiny-{fingerprint({**tiny, 'version': DATA_VERSION})}"
 
 
-def data_dir(cache_dir: Path, tiny: dict) -> Path:
+def data_dir(cache: Path, tiny: dict) -> Path:
     """Write the synthetic splits (once) and return their folder."""
     params = {k: tiny[k] for k in DATA_KEYS}
-    out = Path(cache_dir) / f"tiny-data-{fingerprint({**params, 'version': DATA_VERSION})}"
+    out = Path(cache) / f"tiny-data-{fingerprint({**params, 'version': DATA_VERSION})}"
     if not out.is_dir():
         with atomic_dir(out) as tmp:
             for split, rows in build_splits(params).items():
@@ -167,85 +156,6 @@ def data_dir(cache_dir: Path, tiny: dict) -> Path:
     return out
 
 
-def build_tokenizer(data: Path, vocab_size: int, out: Path) -> None:
-    """Train a byte-level BPE tokenizer (digits split one by one) with a ChatML template into `out`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    def corpus():
-        for split in ("pretrain", "sft", "general"):
-            for line in open(data / f"{split}.jsonl", encoding="utf-8"):
-                row = json.loads(line)
-                yield row.get("text") or "\n".join(m["content"] for m in row["messages"])
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tok.decoder = decoders.ByteLevel()
-    specials = [DOC_SEP, "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus(), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token=DOC_SEP)
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
-
-
-def ensure_base_model(cache_dir: Path, tiny: Any, model_cfg: Any, seed: int) -> Path:
-    """The tiny base checkpoint, built once: tokenizer, random init, short causal-LM pretraining.
-
-    The pretraining is the pipeline's own text-training path and runs collectively on all ranks;
-    only the main process writes files.
-    """
-    from accelerate import PartialState
-    from omegaconf import OmegaConf
-
-    from pipeline.config import TrainConfig
-    from pipeline.training import load_tokenizer, train
-
-    params = OmegaConf.to_container(tiny)
-    root = tiny_dir(cache_dir, params)
-    if (root / "model").is_dir():
-        return root / "model"
-    init = root / "init"
-    with PartialState().main_process_first():
-        data = data_dir(cache_dir, params)
-        if not init.is_dir():
-            with atomic_dir(init) as tmp:
-                build_tokenizer(data, tiny.vocab_size, tmp)
-                _init_model(tmp, params)
-    settings = OmegaConf.structured(TrainConfig(
-        mixture="tiny pretrain", format="text", packing_strategy="wrapped", assistant_only_loss=False,
-        activation_checkpointing=False, learning_rate=tiny.pretrain_learning_rate, lr_scheduler_type="cosine",
-        warmup_ratio=0.05, max_grad_norm=1.0, max_steps=tiny.pretrain_steps, logging_steps=50,
-        per_device_train_batch_size=tiny.pretrain_batch_size, max_length=tiny.pretrain_max_length,
-        save_steps=tiny.pretrain_steps))
-    rows = [json.loads(line) for line in open(data / "pretrain.jsonl", encoding="utf-8")]
-    import datasets
-
-    tok = load_tokenizer(init, model_cfg, need_template=False)
-    metrics = train(settings, model_cfg, init, tok, datasets.Dataset.from_list(rows), root, seed, cache_dir)
-    if PartialState().is_main_process:
-        from pipeline.files import write_json
-
-        write_json(root / "pretrain.json", metrics)
-    return root / "model"
-
-
-def _init_model(path: Path, tiny: dict) -> None:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(path)
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=tiny["hidden_size"], num_hidden_layers=tiny["num_layers"],
-        num_attention_heads=tiny["num_heads"], num_key_value_heads=tiny["num_heads"],
-        intermediate_size=tiny["intermediate_size"], max_position_embeddings=tiny["max_position_embeddings"],
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(tiny["seed"])
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(path)
-
+def split_file(cfg: DictConfig, split: str) -> Path:
+    """The `generator: tiny` data source: the file of `split` for this run's tiny settings (generated once)."""
+    return data_dir(cache_dir(cfg), OmegaConf.to_container(cfg.tiny)) / f"{split}.jsonl"

@@ -1,0 +1,25 @@
+"""Held-out scoring for RL stages: the mean verifiable reward of greedy answers to held-out problems
+(those that ship with a built base model; none for other models)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline.basemodel import heldout_problems
+from pipeline.rl.generation import generate
+from pipeline.rl.rewards import as_chat, verifiable
+
+
+def heldout_rows(cfg: DictConfig) -> list[dict]:
+    """The held-out problems as {prompt (chat), answer}; empty when the base model ships none."""
+    return [{"prompt": as_chat(r["question"]), "answer": r["answer"]} for r in heldout_problems(cfg)]
+
+
+def greedy_reward(model: Any, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 64) -> float:
+    """Mean verifiable reward (exact `#### N` match) of greedy answers to `rows`; NaN without rows."""
+    if not rows:
+        return float("nan")
+    outs = generate(model, tok, [r["prompt"] for r in rows], batch_size, max_new_tokens, do_sample=False)
+    return sum(verifiable(o[0], r["answer"]) for o, r in zip(outs, rows, strict=True)) / len(rows)

@@ -1,0 +1,132 @@
+"""A sweep inside a stage (the `dpo` stage's `sweep`, `soup`, `merge`), driven by the orchestrator.
+
+`sweep` expands beta x learning rate into candidates under `candidates/<id>/`, each trained by the stage's
+own entry function (one model per call) from the same input checkpoint and scored by the stage's eval;
+`soup.top_k` averages the K best, `merge` mixes the soup (or the best candidate) with an earlier stage's
+checkpoint; soup and merge compete as candidates too. Finished candidates are reused (by fingerprint).
+
+Selection: the highest value of the stage's gate metric wins; ties go to the candidate listed first (grid
+order: beta ascending, then learning rate ascending; then soup, then merge), so the simpler model wins a tie.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline import merge
+from pipeline.config import ConfigError, grid
+from pipeline.distributed import main_writes
+from pipeline.files import atomic_dir, fingerprint
+from pipeline.runfolder import StageContext, StageRecord, Trained, candidate_dir, earlier_stage_model, finished
+
+log = logging.getLogger("pipeline")
+TIE_RULE = "highest metric; ties go to the earlier candidate (grid order, then soup, then merge)"
+NOT_TRAINING = ("eval", "gate", "sweep", "soup", "merge")  # left out of a candidate's recorded config
+Train = Callable[[StageContext], dict]  # a stage's entry function: trains ctx.out_dir/model, returns metrics
+Evaluate = Callable[[Path, Path], dict]  # (model dir, output dir) -> eval result; scored on the main process
+
+
+def is_sweep(stage: DictConfig) -> bool:
+    """Whether the stage trains its model through a sweep (a grid of one included)."""
+    return "sweep" in stage
+
+
+def _value(record: StageRecord, metric: str) -> float:
+    return record.scores().get(metric, float("-inf"))
+
+
+def _score(record: StageRecord, out: Path, evaluate: Evaluate) -> StageRecord:
+    """Evaluate a finished candidate (main process), write its stage.json last; every rank reads it back."""
+    with main_writes() as main:
+        if main:
+            record.status, record.output_model = "done", str(out / "model")
+            record.eval = evaluate(out / "model", out / "eval")
+            record.write(out)
+    return StageRecord.read(out)
+
+
+def _candidate(ctx: StageContext, stage_fp: str, cand: dict, train: Train, evaluate: Evaluate) -> StageRecord:
+    """One grid candidate: reused when finished with the same fingerprint, else trained (or re-scored)."""
+    cctx, fp = ctx.for_candidate(cand), fingerprint({"stage": stage_fp, "candidate": cand})
+    record = StageRecord.read(cctx.out_dir)
+    if finished(record, cctx.out_dir, fp) and record.status == "done":
+        log.info("candidate %s: reusing", cand["id"])
+        return record
+    if not finished(record, cctx.out_dir, fp):
+        config = OmegaConf.to_container(cctx.stage, resolve=True)
+        record = StageRecord(stage=ctx.name, candidate=cand["id"], fingerprint=fp, status="trained",
+                             config={k: v for k, v in config.items() if k not in NOT_TRAINING}, metrics=train(cctx))
+        record.write(cctx.out_dir)  # trained; a crash during its eval re-scores only
+    return _score(record, cctx.out_dir, evaluate)
+
+
+def train_candidates(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate,
+                     only: int | None = None) -> list[StageRecord]:
+    """Train (or reuse) and score the grid's candidates, or only the one numbered `only`."""
+    cands = grid(ctx.stage)
+    records = []
+    for cand in cands if only is None else [cands[only]]:
+        record = _candidate(ctx, stage_fp, cand, train, evaluate)
+        metric = ctx.stage.gate.metric
+        log.info("candidate %s: %s = %s", cand["id"], metric or "-", _value(record, metric))
+        records.append(record)
+    return records
+
+
+def _combine(ctx: StageContext, stage_fp: str, kind: str, models: list[Path], weights: list[float] | None,
+             evaluate: Evaluate) -> StageRecord:
+    """A soup (uniform average) or linear merge of `models` as a scored candidate under `candidates/<kind>`."""
+    out = candidate_dir(ctx.stage_dir, kind)
+    sources = [str(m) for m in models]
+    fp = fingerprint({"stage": stage_fp, kind: sources, "weights": weights})
+    record = StageRecord.read(out)
+    if record.status == "done" and record.fingerprint == fp:
+        return record
+    with main_writes() as main:
+        if main and weights is None:
+            merge.soup(models, out / "model")
+        elif main:
+            merge.linear_merge(models, weights, out / "model")
+    log.info("%s of %s (weights %s)", kind, sources, weights or "uniform")
+    config = {"sources": sources, "weights": weights}
+    return _score(StageRecord(stage=ctx.name, candidate=kind, fingerprint=fp, config=config), out, evaluate)
+
+
+def _soup_and_merge(ctx: StageContext, stage_fp: str, ranked: list[StageRecord],
+                    evaluate: Evaluate) -> list[StageRecord]:
+    """The soup of the best candidates and the merge with an earlier stage, as the stage asks for them."""
+    stage, extra = ctx.stage, []
+    if stage.soup.top_k:
+        models = [Path(r.output_model) for r in ranked[: stage.soup.top_k]]
+        extra.append(_combine(ctx, stage_fp, "soup", models, None, evaluate))
+    if stage.merge.stage:
+        base = earlier_stage_model(ctx.stage_dir, stage.merge.stage)
+        if base is None:
+            raise ConfigError(f"dpo.merge.stage '{stage.merge.stage}' has no finished checkpoint in this run")
+        top = extra[-1] if extra else ranked[0]
+        extra.append(_combine(ctx, stage_fp, "merge", [Path(top.output_model), base],
+                              [1 - stage.merge.weight, stage.merge.weight], evaluate))
+    return extra
+
+
+def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> Trained:
+    """Train every candidate, add soup / merge, select by the gate metric into `ctx.stage_dir/model`."""
+    metric = ctx.stage.gate.metric
+    candidates = train_candidates(ctx, stage_fp, train, evaluate)
+    ranked = sorted(candidates, key=lambda r: -_value(r, metric))  # stable: ties keep grid order
+    candidates += _soup_and_merge(ctx, stage_fp, ranked, evaluate)
+    selected = max(candidates, key=lambda r: _value(r, metric))  # max keeps the first of equal values
+    with main_writes() as main:
+        if main:
+            with atomic_dir(ctx.stage_dir / "model") as tmp:
+                shutil.copytree(selected.output_model, tmp, dirs_exist_ok=True)
+    table = [{"candidate": r.candidate, metric or "metric": _value(r, metric)} for r in candidates]
+    log.info("selected candidate %s by %s: %s", selected.candidate, metric or "(single candidate)", table)
+    metrics = {**(selected.metrics or ranked[0].metrics), "selected": selected.candidate,
+               "selected_by": metric or None, "tie_rule": TIE_RULE, "candidates": table}
+    return Trained(metrics, selected.eval)
