@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import difflib
 import itertools
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +22,23 @@ RECIPES_DIR = ROOT / "recipes"
 MIXTURES_DIR = ROOT / "data_mixtures"
 
 
+def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None) -> Any:
+    """A config field with its help text (`metadata={"help": ...}`, as TRL's configs have; `help=true` lists it)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 class ConfigError(ValueError):
     """Bad configuration or input: the run stops with exit code 2 before any heavy work."""
 
 
 @dataclass
 class LoraConfig:
-    r: int = 0  # 0 disables LoRA (full fine-tuning)
-    alpha: int = 16
-    dropout: float = 0.05
-    target_modules: str = "all-linear"
+    r: int = arg("0 disables LoRA (full fine-tuning)", 0)
+    alpha: int = arg("LoRA scaling factor (lora_alpha)", 16)
+    dropout: float = arg("dropout on the LoRA layers", 0.05)
+    target_modules: str = arg("peft's target_modules (all-linear: every linear layer)", "all-linear")
 
 
 @dataclass
@@ -38,14 +46,14 @@ class EvalConfig:
     """lm-eval settings. Top-level `eval` applies to every checkpoint; `base_eval` and each stage's
     `eval` override only the fields they set (null = inherit)."""
 
-    tasks: list[str] | None = None  # tiny_gsm, gsm8k_local, gsm8k (Hub), any lm-eval task name
-    num_fewshot: int | None = None  # -1: the task's own default
-    limit: int | None = None  # samples per task; 0: all
-    max_gen_toks: int | None = None
-    batch_size: int | None = None
-    apply_chat_template: bool | None = None  # true for instruct checkpoints, false for base models
-    include_path: str | None = None  # a folder of extra lm-eval task YAMLs
-    gsm8k_dir: str | None = None  # folder with GSM8K train.jsonl / test.jsonl (task gsm8k_local)
+    tasks: list[str] | None = arg("tiny_gsm, gsm8k_local, gsm8k (Hub), any lm-eval task name", None)
+    num_fewshot: int | None = arg("-1: the task's own default", None)
+    limit: int | None = arg("samples per task; 0: all", None)
+    max_gen_toks: int | None = arg("most tokens generated per answer", None)
+    batch_size: int | None = arg("lm-eval batch size", None)
+    apply_chat_template: bool | None = arg("true for instruct checkpoints, false for base models", None)
+    include_path: str | None = arg("a folder of extra lm-eval task YAMLs", None)
+    gsm8k_dir: str | None = arg("folder with GSM8K train.jsonl / test.jsonl (task gsm8k_local)", None)
 
 
 def _eval_defaults() -> EvalConfig:
@@ -57,96 +65,97 @@ def _eval_defaults() -> EvalConfig:
 class GateConfig:
     """Decides after a stage's evaluation whether the chain goes on."""
 
-    metric: str = ""  # <task>/<metric>,<filter>, e.g. tiny_gsm/exact_match,strict-match; empty: no gate
-    min: float | None = None  # absolute floor
-    max_drop: float | None = None  # allowed drop vs the previous evaluated checkpoint
-    action: str = "stop"  # stop | warn
+    metric: str = arg("<task>/<metric>,<filter>, e.g. tiny_gsm/exact_match,strict-match; empty: no gate", "")
+    min: float | None = arg("absolute floor", None)
+    max_drop: float | None = arg("allowed drop vs the previous evaluated checkpoint", None)
+    action: str = arg("stop | warn", "stop")
 
 
 @dataclass
 class OptimConfig:
     """What every training stage shares: data, optimiser, schedule, batch, LoRA, eval and gate."""
 
-    enabled: bool = True  # a stage listed in `stages` but disabled is skipped (e.g. optional PPO)
-    mixture: str = ""  # data_mixtures/NAME.yaml or a path to a mixture YAML
-    learning_rate: float = 2e-5
-    lr_scheduler_type: str = "cosine_with_min_lr"
-    min_lr_rate: float = 0.1
-    warmup_ratio: float = 0.03
-    max_grad_norm: float = 0.2
-    weight_decay: float = 0.0
-    num_train_epochs: float = 1.0
-    max_steps: int = -1  # > 0 overrides num_train_epochs
-    per_device_train_batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    max_length: int = 2048
-    padding_free: bool = False
-    activation_checkpointing: bool = True  # saves memory on large models; turn off for tiny ones
-    logging_steps: int = 10
-    save_steps: int = 500
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    gate: GateConfig = field(default_factory=GateConfig)
+    enabled: bool = arg("a stage listed in `stages` but disabled is skipped (e.g. optional PPO)", True)
+    mixture: str = arg("data_mixtures/NAME.yaml or a path to a mixture YAML", "")
+    learning_rate: float = arg("peak learning rate", 2e-5)
+    lr_scheduler_type: str = arg("transformers scheduler (cosine_with_min_lr, cosine, constant, ...)",
+                                 "cosine_with_min_lr")
+    min_lr_rate: float = arg("with a *min_lr scheduler: the final learning rate as a fraction of the peak", 0.1)
+    warmup_ratio: float = arg("linear warmup as a fraction (< 1) of the training steps", 0.03)
+    max_grad_norm: float = arg("gradient clipping norm", 0.2)
+    weight_decay: float = arg("AdamW weight decay", 0.0)
+    num_train_epochs: float = arg("passes over the data (when max_steps <= 0)", 1.0)
+    max_steps: int = arg("> 0 overrides num_train_epochs", -1)
+    per_device_train_batch_size: int = arg("sequences per device and micro-batch", 1)
+    gradient_accumulation_steps: int = arg("micro-batches per optimiser step", 1)
+    max_length: int = arg("most tokens per training sequence", 2048)
+    padding_free: bool = arg("batches without padding (flash attention's position ids)", False)
+    activation_checkpointing: bool = arg("saves memory on large models; turn off for tiny ones", True)
+    logging_steps: int = arg("log every N optimiser steps", 10)
+    save_steps: int = arg("save a resumable checkpoint every N steps", 500)
+    lora: LoraConfig = arg("LoRA adapter settings (r = 0: full fine-tuning)", factory=LoraConfig)
+    eval: EvalConfig = arg("this stage's lm-eval settings over the top-level eval (null: inherit)", factory=EvalConfig)
+    gate: GateConfig = arg("the gate judged after this stage's evaluation", factory=GateConfig)
 
 
 @dataclass
 class TrainConfig(OptimConfig):
     """A TRL SFTTrainer stage; `sft` and `midtrain` share this schema and code path."""
 
-    format: str = "chat"  # chat: `messages` with assistant-only loss; text: plain documents
-    packing: bool = True
-    packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped
-    assistant_only_loss: bool = True
-    sampling: str = "random"  # random | group_by_length: batches of similar lengths, less padding (see README)
+    format: str = arg("chat: `messages` with assistant-only loss; text: plain documents", "chat")
+    packing: bool = arg("pack several rows into each sequence", True)
+    packing_strategy: str = arg("bfd | bfd_split | wrapped", "bfd")
+    assistant_only_loss: bool = arg("train only on assistant turns (needs format=chat)", True)
+    sampling: str = arg("random | group_by_length: batches of similar lengths, less padding (see README)", "random")
 
 
 @dataclass
 class OnPolicyConfig:
     """Preference pairs sampled from the stage's input model on prompts with known `#### N` answers."""
 
-    enabled: bool = False
-    mixture: str = ""  # rows with `prompt` (chat) and `answer`
-    samples: int = 4  # answers sampled per prompt
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    max_prompts: int = 0  # 0: all prompts
-    batch_size: int = 32
+    enabled: bool = arg("sample on-policy pairs from the stage's input model", False)
+    mixture: str = arg("rows with `prompt` (chat) and `answer`", "")
+    samples: int = arg("answers sampled per prompt", 4)
+    max_new_tokens: int = arg("most tokens sampled per answer", 128)
+    temperature: float = arg("sampling temperature", 1.0)
+    max_prompts: int = arg("0: all prompts", 0)
+    batch_size: int = arg("prompts per generation batch", 32)
 
 
 @dataclass
 class SweepConfig:
     """A grid over beta x learning rate; empty lists keep the stage's own value."""
 
-    beta: list[float] | None = None  # null: not swept (the stage's own beta)
-    learning_rate: list[float] | None = None
-    # Train only this grid index into candidates/<id>/ and stop, the stage unfinished (one Slurm array task of
-    # slurm/sweep.sh); a later run without it reuses the candidates and selects. Not part of the fingerprint.
-    candidate: int | None = None
+    beta: list[float] | None = arg("betas to sweep; null: not swept (the stage's own beta)", None)
+    learning_rate: list[float] | None = arg("learning rates to sweep; null: not swept (the stage's own)", None)
+    candidate: int | None = arg("train only this grid index into candidates/<id>/ and stop, the stage unfinished (one "
+                                "Slurm array task of slurm/sweep.sh); a later run without it reuses the candidates and"
+                                " selects; not part of the fingerprint", None)
 
 
 @dataclass
 class SoupConfig:
-    top_k: int = 0  # average the weights of the K best candidates; 0: no soup
+    top_k: int = arg("average the weights of the K best candidates; 0: no soup", 0)
 
 
 @dataclass
 class MergeConfig:
-    stage: str = ""  # an earlier stage whose checkpoint is linearly merged in; empty: no merge
-    weight: float = 0.1  # weight of that earlier checkpoint (SmolLM3: 0.1 mid-training, 0.9 soup)
+    stage: str = arg("an earlier stage whose checkpoint is linearly merged in; empty: no merge", "")
+    weight: float = arg("weight of that earlier checkpoint (SmolLM3: 0.1 mid-training, 0.9 soup)", 0.1)
 
 
 @dataclass
 class DpoConfig(OptimConfig):
     """A TRL DPOTrainer stage (DPO, APO-zero, IPO, ...), with an optional sweep, soup and merge."""
 
-    loss_type: list[str] = field(default_factory=lambda: ["sigmoid"])  # e.g. [apo_zero] or [sigmoid, sft]
-    loss_weights: list[float] = field(default_factory=list)  # one per loss type; empty: all 1
-    beta: float = 0.1
-    precompute_ref_log_probs: bool = True  # reference log-probs computed once and shared by every candidate
-    on_policy: OnPolicyConfig = field(default_factory=OnPolicyConfig)
-    sweep: SweepConfig = field(default_factory=SweepConfig)
-    soup: SoupConfig = field(default_factory=SoupConfig)
-    merge: MergeConfig = field(default_factory=MergeConfig)
+    loss_type: list[str] = arg("e.g. [apo_zero] or [sigmoid, sft]", factory=lambda: ["sigmoid"])
+    loss_weights: list[float] = arg("one per loss type; empty: all 1", factory=list)
+    beta: float = arg("DPO temperature: how far the policy may move from the reference", 0.1)
+    precompute_ref_log_probs: bool = arg("reference log-probs computed once and shared by every candidate", True)
+    on_policy: OnPolicyConfig = arg("preference pairs sampled from the input model", factory=OnPolicyConfig)
+    sweep: SweepConfig = arg("a beta x learning-rate grid of candidates", factory=SweepConfig)
+    soup: SoupConfig = arg("a uniform average of the best candidates, as one more candidate", factory=SoupConfig)
+    merge: MergeConfig = arg("a linear merge with an earlier stage's model, as one more candidate", factory=MergeConfig)
 
 
 def _midtrain_defaults() -> TrainConfig:
@@ -157,113 +166,117 @@ def _midtrain_defaults() -> TrainConfig:
 class RewardConfig(OptimConfig):
     """A reward model trained by TRL's RewardTrainer on preference pairs (sequence classifier, 1 output)."""
 
-    center_rewards_coefficient: float = 0.0
+    center_rewards_coefficient: float = arg("TRL's penalty pulling rewards towards zero mean; 0: off", 0.0)
 
 
 @dataclass
-class PpoConfig(OptimConfig):
+class RlConfig(OptimConfig):
+    """What the RL stages (ppo, grpo) share: the reward and how responses are sampled."""
+
+    reward: str = arg("verifiable: the `#### N` answer checked against `answer`; model: a reward model", "verifiable")
+    reward_model: str = arg("a checkpoint path, or the name of an earlier `reward` stage", "")
+    format_reward: float = arg("added when the response has a `#### N` line at all", 0.0)
+    max_new_tokens: int = arg("most tokens generated per response", 128)
+    temperature: float = arg("sampling temperature of the rollouts", 1.0)
+
+
+@dataclass
+class PpoConfig(RlConfig):
     """Our actor-critic PPO on accelerate. `max_steps` counts PPO updates; `mixture` gives prompts (+ answers)."""
 
-    reward: str = "verifiable"  # verifiable: the `#### N` answer checked against `answer`; model: a reward model
-    reward_model: str = ""  # a checkpoint path, or the name of an earlier `reward` stage
-    format_reward: float = 0.0  # added when the response has a `#### N` line at all
-    value_init: str = "policy"  # policy | reward_model: where the value model starts
-    rollout_batch_size: int = 16  # prompts per update and process
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    unfinished_penalty: float = -1.0  # reward for a response that never ends (no EOS within max_new_tokens)
-    kl_coef: float = 0.05
-    kl_estimator: str = "k1"  # k1 | k3
-    kl_target: float = 0.0  # > 0: adaptive KL coefficient (Ziegler et al.) aiming at this KL
-    gamma: float = 1.0
-    lam: float = 0.95
-    ppo_epochs: int = 4
-    num_minibatches: int = 4
-    clip_range: float = 0.2
-    clip_range_value: float = 0.2
-    vf_coef: float = 0.5
-    whiten_advantages: bool = True
+    value_init: str = arg("policy | reward_model: where the value model starts", "policy")
+    rollout_batch_size: int = arg("prompts per update and process", 16)
+    unfinished_penalty: float = arg("reward for a response that never ends (no EOS within max_new_tokens)", -1.0)
+    kl_coef: float = arg("weight of the per-token KL penalty against the reference (initial value when adaptive)", 0.05)
+    kl_estimator: str = arg("k1 | k3", "k1")
+    kl_target: float = arg("> 0: adaptive KL coefficient (Ziegler et al.) aiming at this KL", 0.0)
+    gamma: float = arg("discount factor of GAE", 1.0)
+    lam: float = arg("lambda of GAE", 0.95)
+    ppo_epochs: int = arg("passes over each rollout batch", 4)
+    num_minibatches: int = arg("minibatches per pass (each one optimiser step)", 4)
+    clip_range: float = arg("policy ratio clip range", 0.2)
+    clip_range_value: float = arg("value clip range around the rollout's values", 0.2)
+    vf_coef: float = arg("weight of the value loss", 0.5)
+    whiten_advantages: bool = arg("normalise advantages to zero mean and unit variance across processes", True)
 
 
 @dataclass
-class GrpoConfig(OptimConfig):
+class GrpoConfig(RlConfig):
     """Critic-free RL through TRL's GRPOTrainer with the same reward functions as PPO."""
 
-    reward: str = "verifiable"
-    reward_model: str = ""
-    format_reward: float = 0.0
-    num_generations: int = 4
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    beta: float = 0.04  # KL coefficient
+    num_generations: int = arg("completions sampled per prompt (the group)", 4)
+    beta: float = arg("KL coefficient", 0.04)
 
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = "HuggingFaceTB/SmolLM3-3B-Base"  # Hub id, local checkpoint, or `tiny`
-    tokenizer: str = ""  # defaults to name_or_path
-    chat_template: str = ""  # path to a Jinja template; empty keeps the tokenizer's
-    precision: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | bf16 | fp32
-    attn_implementation: str = "sdpa"
-    trust_remote_code: bool = False
+    name_or_path: str = arg("Hub id, local checkpoint, or `tiny`", "HuggingFaceTB/SmolLM3-3B-Base")
+    tokenizer: str = arg("defaults to name_or_path", "")
+    chat_template: str = arg("path to a Jinja template; empty keeps the tokenizer's", "")
+    precision: str = arg("auto (bf16 on GPUs that have it, else fp32) | bf16 | fp32", "auto")
+    attn_implementation: str = arg("attention kernel (sdpa, eager, flash_attention_2, ...)", "sdpa")
+    trust_remote_code: bool = arg("allow model code from the Hub", False)
 
 
 @dataclass
 class TinyConfig:
     """The embedded tiny setup: synthetic GSM8K-style data, a local tokenizer and a tiny model."""
 
-    seed: int = 0
-    sft_examples: int = 4000
-    midtrain_examples: int = 4000
-    general_examples: int = 4000
-    pretrain_examples: int = 6000
-    test_examples: int = 200
-    vocab_size: int = 1024
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 512
-    pretrain_steps: int = 300
-    pretrain_batch_size: int = 16
-    pretrain_max_length: int = 256
-    pretrain_learning_rate: float = 2e-3
+    seed: int = arg("seed of the synthetic data and the model's initialisation", 0)
+    sft_examples: int = arg("chat problems in the sft split", 4000)
+    midtrain_examples: int = arg("rows in the reasoning and arithmetic splits", 4000)
+    general_examples: int = arg("rows in the general text split", 4000)
+    pretrain_examples: int = arg("documents in the pretraining split", 6000)
+    test_examples: int = arg("held-out test problems", 200)
+    vocab_size: int = arg("BPE vocabulary size (an upper bound)", 1024)
+    hidden_size: int = arg("model width", 128)
+    num_layers: int = arg("transformer layers", 4)
+    num_heads: int = arg("attention heads", 4)
+    intermediate_size: int = arg("MLP width", 512)
+    max_position_embeddings: int = arg("longest sequence the model takes", 512)
+    pretrain_steps: int = arg("pretraining steps of the base model", 300)
+    pretrain_batch_size: int = arg("pretraining batch size", 16)
+    pretrain_max_length: int = arg("pretraining sequence length", 256)
+    pretrain_learning_rate: float = arg("pretraining learning rate", 2e-3)
 
 
 @dataclass
 class PlanConfig:
     """`plan=true`: print what the run would do, with token and GPU-hour estimates, then exit (pipeline/plan.py)."""
 
-    enabled: bool = False
-    gpu: str = "H100"  # a device of the peak-FLOPs table in pipeline/flops.py
-    num_gpus: int = 8
-    mfu: float = 0.35  # assumed model FLOPs utilisation
-    params: float = 0  # model parameters; 0: from the model's config (local config.json, known models, tiny)
-    output: str = "table"  # table | json
+    enabled: bool = arg("print the plan instead of running (`plan=true` is short for plan.enabled=true)", False)
+    gpu: str = arg("a device of the peak-FLOPs table in pipeline/flops.py", "H100")
+    num_gpus: int = arg("GPUs the estimate assumes", 8)
+    mfu: float = arg("assumed model FLOPs utilisation", 0.35)
+    params: float = arg("model parameters; 0: from the model's config (local config.json, known models, tiny)", 0)
+    output: str = arg("table | json", "table")
 
 
 @dataclass
 class RunConfig:
-    recipe: str = "tiny"
-    run_name: str = ""  # defaults to the recipe name
-    output_root: str = "runs"
-    cache_dir: str = ""  # tokenised data and tiny base models; defaults to <output_root>/.cache
-    stages: list[str] = field(default_factory=lambda: ["sft", "midtrain"])
-    redo: list[str] = field(default_factory=list)
-    seed: int = 42
-    deterministic: bool = False  # debugging: deterministic kernels and full seeding (slower)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    eval: EvalConfig = field(default_factory=_eval_defaults)
-    base_eval: EvalConfig = field(default_factory=lambda: EvalConfig(apply_chat_template=False))
-    tiny: TinyConfig = field(default_factory=TinyConfig)
-    plan: PlanConfig = field(default_factory=PlanConfig)
-    sft: TrainConfig = field(default_factory=TrainConfig)
-    midtrain: TrainConfig = field(default_factory=_midtrain_defaults)
-    dpo: DpoConfig = field(default_factory=lambda: DpoConfig(learning_rate=5e-7, lr_scheduler_type="cosine"))
-    reward: RewardConfig = field(default_factory=lambda: RewardConfig(learning_rate=1e-5))
-    ppo: PpoConfig = field(default_factory=lambda: PpoConfig(learning_rate=1e-6, lr_scheduler_type="constant",
-                                                             max_steps=100))
-    grpo: GrpoConfig = field(default_factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
+    recipe: str = arg("recipes/NAME.yaml the run starts from", "tiny")
+    run_name: str = arg("defaults to the recipe name", "")
+    output_root: str = arg("folder that holds the run folders", "runs")
+    cache_dir: str = arg("tokenised data and tiny base models; defaults to <output_root>/.cache", "")
+    stages: list[str] = arg("the stage chain, in order", factory=lambda: ["sft", "midtrain"])
+    redo: list[str] = arg("retrain these finished stages (and every stage after them)", factory=list)
+    seed: int = arg("training seed", 42)
+    deterministic: bool = arg("debugging: deterministic kernels and full seeding (slower)", False)
+    model: ModelConfig = arg("the base model", factory=ModelConfig)
+    eval: EvalConfig = arg("lm-eval defaults for every checkpoint", factory=_eval_defaults)
+    base_eval: EvalConfig = arg("lm-eval settings of the base model over `eval` (null: inherit)",
+                                factory=lambda: EvalConfig(apply_chat_template=False))
+    tiny: TinyConfig = arg("the embedded tiny setup (model.name_or_path=tiny, generator: tiny)", factory=TinyConfig)
+    plan: PlanConfig = arg("the dry run", factory=PlanConfig)
+    sft: TrainConfig = arg("supervised fine-tuning (chat)", factory=TrainConfig)
+    midtrain: TrainConfig = arg("reasoning mid-training (text)", factory=_midtrain_defaults)
+    dpo: DpoConfig = arg("preference optimisation with a sweep",
+                         factory=lambda: DpoConfig(learning_rate=5e-7, lr_scheduler_type="cosine"))
+    reward: RewardConfig = arg("a reward model for ppo / grpo", factory=lambda: RewardConfig(learning_rate=1e-5))
+    ppo: PpoConfig = arg("actor-critic PPO",
+                         factory=lambda: PpoConfig(learning_rate=1e-6, lr_scheduler_type="constant", max_steps=100))
+    grpo: GrpoConfig = arg("GRPO through TRL",
+                           factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
 
 
 STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (
@@ -278,6 +291,22 @@ CHOICES = {
     "kl_estimator": ("k1", "k3"),
     "value_init": ("policy", "reward_model"),
 }
+
+
+def _describe(node: Any, prefix: str) -> list[str]:
+    lines = []
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            lines += [f"\n{prefix}{f.name}: {f.metadata['help']}", *_describe(value, f"{prefix}{f.name}.")]
+        else:
+            lines.append(f"  {prefix}{f.name} ({f.type}, default {value!r}): {f.metadata['help']}")
+    return lines
+
+
+def describe() -> str:
+    """Every config key (dotted, as overrides name it) with its type, default and help text."""
+    return "\n".join(_describe(RunConfig(), ""))
 
 
 def available_recipes() -> list[str]:
@@ -376,6 +405,9 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"'{name}': set max_steps > 0 or num_train_epochs > 0")
         if stage.get("assistant_only_loss") and stage.format != "chat":
             raise ConfigError(f"'{name}.assistant_only_loss' needs format=chat")
+        if not 0 <= stage.warmup_ratio < 1:
+            raise ConfigError(f"'{name}.warmup_ratio' is a fraction of the training steps: 0 <= it < 1, got "
+                              f"{stage.warmup_ratio}")
         if stage.lora.r < 0:
             raise ConfigError(f"'{name}.lora.r' must be >= 0")
     _validate_dpo(cfg)

@@ -95,6 +95,48 @@ def _datasets(cfg: DictConfig, name: str) -> list[dict]:
     return out
 
 
+def _estimate(cfg: DictConfig, name: str, row: dict, model: dict, flops_per_s: float) -> None:
+    """Add a stage's FLOPs and GPU-hours to its row, when its tokens and the model's size are known."""
+    runs, reference = 1, 0.0
+    if name == "dpo":
+        d = cfg.dpo
+        row["sweep"] = {"candidates": grid(d), "soup_top_k": d.soup.top_k,
+                        "merge": OmegaConf.to_container(d.merge) if d.merge.stage else None,
+                        "selected_by": d.gate.metric or None}
+        runs = len(row["sweep"]["candidates"])
+        reference = (1 if d.precompute_ref_log_probs else runs) / 3  # a forward pass: a third of a step
+    if row["tokens"] and model["params"]:
+        flops = row["tokens"] * flops_per_token(model["params"], model["layers"], model["hidden"], cfg[name].max_length)
+        row["flops"] = flops * (runs + reference)
+        row["gpu_hours"] = row["flops"] / flops_per_s / 3600
+        row["wall_hours"] = row["gpu_hours"] / cfg.plan.num_gpus
+
+
+def _stages(cfg: DictConfig, root: Path, model: dict, flops_per_s: float) -> list[dict]:
+    """One row per listed stage: its action, checkpoints, data and estimates."""
+    enabled = [n for n in cfg.stages if cfg[n].enabled]
+    if (root / "stages").is_dir():
+        from pipeline.resume import decide  # an existing run: the orchestrator's own decision per stage
+
+        actions = {d.name: d.action for d in decide(cfg, root)}
+    else:
+        actions = dict.fromkeys(enabled, "train")
+    previous, stages = model["checkpoint"], []
+    for name in cfg.stages:
+        if name not in enabled:
+            stages.append({"stage": name, "action": f"skip ({name}.enabled=false)"})
+            continue
+        out = stage_dir(root, enabled.index(name) + 1, name)
+        tokens, basis = _tokens(cfg, name)
+        row = {"stage": name, "dir": str(out), "action": actions[name], "input": previous,
+               "output": str(out / "model"), "datasets": _datasets(cfg, name), "tokens": tokens,
+               "tokens_basis": basis}
+        _estimate(cfg, name, row, model, flops_per_s)
+        stages.append(row)
+        previous = row["output"]
+    return stages
+
+
 def build(cfg: DictConfig) -> dict:
     """The plan as plain data (stages in order, checkpoints, data, sweep, tokens, estimates); raises ConfigError."""
     p, precision = cfg.plan, "fp32" if cfg.model.precision == "fp32" else "bf16"
@@ -105,40 +147,8 @@ def build(cfg: DictConfig) -> dict:
         raise ConfigError("plan needs 0 < plan.mfu <= 1, plan.num_gpus >= 1, plan.params >= 0 and plan.output "
                           f"table | json; got {OmegaConf.to_container(p)}")
     root = run_dir(cfg)
-    enabled = [n for n in cfg.stages if cfg[n].enabled]
-    if (root / "stages").is_dir():
-        from pipeline.resume import decide  # an existing run: the orchestrator's own decision per stage
-
-        actions = {d.name: d.action for d in decide(cfg, root)}
-    else:
-        actions = dict.fromkeys(enabled, "train")
     model = _model(cfg)
-    previous = model["checkpoint"]
-    stages = []
-    for name in cfg.stages:
-        if name not in enabled:
-            stages.append({"stage": name, "action": f"skip ({name}.enabled=false)"})
-            continue
-        out = stage_dir(root, enabled.index(name) + 1, name)
-        tokens, basis = _tokens(cfg, name)
-        row = {"stage": name, "dir": str(out), "action": actions[name], "input": previous,
-               "output": str(out / "model"), "datasets": _datasets(cfg, name), "tokens": tokens,
-               "tokens_basis": basis}
-        runs, reference = 1, 0.0
-        if name == "dpo":
-            d = cfg.dpo
-            row["sweep"] = {"candidates": grid(d), "soup_top_k": d.soup.top_k,
-                            "merge": OmegaConf.to_container(d.merge) if d.merge.stage else None,
-                            "selected_by": d.gate.metric or None}
-            runs = len(row["sweep"]["candidates"])
-            reference = (1 if d.precompute_ref_log_probs else runs) / 3  # a forward pass: a third of a step
-        if tokens and model["params"]:
-            flops = tokens * flops_per_token(model["params"], model["layers"], model["hidden"], cfg[name].max_length)
-            row["flops"] = flops * (runs + reference)
-            row["gpu_hours"] = row["flops"] / (peak * p.mfu) / 3600
-            row["wall_hours"] = row["gpu_hours"] / p.num_gpus
-        stages.append(row)
-        previous = row["output"]
+    stages = _stages(cfg, root, model, peak * p.mfu)
     estimated = [s for s in stages if "gpu_hours" in s]
     return {
         "recipe": cfg.recipe, "run_dir": str(root), "new_run": not (root / "stages").is_dir(), "model": model,

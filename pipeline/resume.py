@@ -35,6 +35,7 @@ class StageDecision:
 
 def base_fingerprint(cfg: DictConfig) -> str:
     """The base model's fingerprint: its settings (and a built model's settings)."""
+    # the key stays "tiny", so that existing run folders keep their fingerprints and resume
     return fingerprint({"model": OmegaConf.to_container(cfg.model), "tiny": base_settings(cfg)})
 
 

@@ -1,4 +1,4 @@
-"""Entry point: `accelerate launch pipeline/run.py recipe=NAME [key=value ...]`.
+"""Entry point: `accelerate launch pipeline/run.py recipe=NAME [key=value ...]` (`help=true` or `--help`: every key).
 
 Exit codes: 0 every stage passed; 2 bad config or bad input; 3 a gate stopped the chain; 75 a
 preemption signal (SIGTERM / SIGUSR1) made it save and stop; anything else is a crash. In every
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
-from pipeline.config import ConfigError, load_config  # noqa: E402
+from pipeline.config import ConfigError, describe, load_config  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 
@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not sys.stderr.isatty() or int(os.environ.get("RANK", "0")) > 0:
         os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars only on a terminal, on the main process
+    if {"--help", "-h", "help=true"} & set(argv):
+        print(f"{__doc__}\nConfig keys (key=value overrides; recipes/NAME.yaml sets them too):\n{describe()}")
+        return 0
     try:
         cfg = load_config(argv)
         if cfg.plan.enabled:  # dry run: print the plan, load nothing

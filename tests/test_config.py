@@ -95,3 +95,23 @@ def test_length_grouped_sampling_reaches_the_trainer(tmp_path):
     cfg = load_config(["recipe=tiny", "sft.sampling=group_by_length"])
     assert sft_args(cfg.sft, tmp_path, 0, "fp32").train_sampling_strategy == "group_by_length"
     assert sft_args(cfg.midtrain, tmp_path, 0, "fp32").train_sampling_strategy == "random"
+
+
+@pytest.mark.parametrize("flag", ["help=true", "--help"])
+def test_help_lists_every_key_with_its_type_default_and_help(flag, capsys):
+    from omegaconf import OmegaConf
+
+    from pipeline.config import RunConfig
+    from pipeline.run import main
+
+    assert main([flag]) == 0
+    out = capsys.readouterr().out
+
+    def leaves(node: dict, prefix: str = "") -> list[str]:
+        return [k for key, v in node.items() for k in (leaves(v, f"{prefix}{key}.") if isinstance(v, dict) and v
+                                                       else [f"{prefix}{key}"])]
+    keys = leaves(OmegaConf.to_container(OmegaConf.structured(RunConfig)))
+    assert len(keys) > 150
+    for key in keys:
+        line = next(line for line in out.splitlines() if line.startswith(f"  {key} ("))
+        assert ", default " in line and not line.endswith(": ")

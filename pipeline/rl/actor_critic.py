@@ -31,6 +31,7 @@ import torch
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
 from pipeline import preempt
+from pipeline.files import commit_dir
 
 log = logging.getLogger("pipeline")
 
@@ -257,15 +258,7 @@ class PPOLoop:
         raw_scores = scores.clone()
         if args.unfinished_penalty is not None:  # None: no special treatment of unfinished responses
             scores = torch.where(ended, scores, torch.full_like(scores, float(args.unfinished_penalty)))
-        logp, ref_logp, values, entropy = [], [], [], []
-        for s in range(0, len(rows), self.micro):  # the same micro-batches as the first minibatch's
-            sl = slice(s, s + self.micro)
-            lp, ent = self._forward(policy, ids[sl], mask[sl], p, with_entropy=True)
-            logp.append(lp)
-            entropy.append(ent)
-            ref_logp.append(self._ref_logp(ids[sl], mask[sl], p))
-            values.append(self._values(self.acc.unwrap_model(self.value), ids[sl], mask[sl], p))
-        logp, ref_logp, values, entropy = (torch.cat(x) for x in (logp, ref_logp, values, entropy))
+        logp, ref_logp, values, entropy = self._rollout_forward(policy, ids, mask, p)
         rmask_f = rmask.float()
         kl = kl_estimate(logp, ref_logp, args.kl_estimator) * rmask_f
         rewards = -self.kl_coef * kl
@@ -277,17 +270,36 @@ class PPOLoop:
             advantages = whiten(advantages, rmask_f, reduce=self._sum if self.acc.num_processes > 1 else None)
         batch = {"ids": ids, "mask": mask, "prompt_len": p, "rmask": rmask_f, "logp": logp, "values": values,
                  "advantages": advantages, "returns": returns}
-        all_scores = self.acc.gather(scores) if self.acc.num_processes > 1 else scores
-        all_raw = self.acc.gather(raw_scores) if self.acc.num_processes > 1 else raw_scores
-        sums = self._sum(torch.stack([kl.sum(), rmask_f.sum(), (entropy * rmask_f).sum(), ended.float().sum(),
-                                      torch.tensor(float(len(rows)), device=ids.device)]))
-        t = self._sum(torch.tensor([gen_time], device=ids.device)) / self.acc.num_processes
-        stats = {"reward_mean": all_scores.mean().item(), "reward_std": all_scores.std(unbiased=False).item(),
-                 "raw_score_mean": all_raw.mean().item(),
-                 "kl": (sums[0] / sums[4]).item(), "entropy": (sums[2] / sums[1]).item(),
-                 "response_length": (sums[1] / sums[4]).item(), "finished_rate": (sums[3] / sums[4]).item(),
-                 "rollout_tokens": int(sums[1].item()), "rollout_tokens_per_s": (sums[1] / t.clamp(min=1e-9)).item()}
-        return batch, stats
+        return batch, self._rollout_stats(scores, raw_scores, kl, rmask_f, entropy, ended, gen_time)
+
+    @torch.no_grad()
+    def _rollout_forward(self, policy: Any, ids: torch.Tensor, mask: torch.Tensor,
+                         p: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Policy and reference log-probs, values and entropy of the rollout, in the first minibatch's micro-batches."""
+        logp, ref_logp, values, entropy = [], [], [], []
+        for s in range(0, ids.shape[0], self.micro):  # the same micro-batches as the first minibatch's
+            sl = slice(s, s + self.micro)
+            lp, ent = self._forward(policy, ids[sl], mask[sl], p, with_entropy=True)
+            logp.append(lp)
+            entropy.append(ent)
+            ref_logp.append(self._ref_logp(ids[sl], mask[sl], p))
+            values.append(self._values(self.acc.unwrap_model(self.value), ids[sl], mask[sl], p))
+        return tuple(torch.cat(x) for x in (logp, ref_logp, values, entropy))
+
+    def _rollout_stats(self, scores: torch.Tensor, raw_scores: torch.Tensor, kl: torch.Tensor, rmask: torch.Tensor,
+                       entropy: torch.Tensor, ended: torch.Tensor, gen_time: float) -> dict:
+        """The rollout's statistics over every process."""
+        device, many = scores.device, self.acc.num_processes > 1
+        all_scores = self.acc.gather(scores) if many else scores
+        all_raw = self.acc.gather(raw_scores) if many else raw_scores
+        sums = self._sum(torch.stack([kl.sum(), rmask.sum(), (entropy * rmask).sum(), ended.float().sum(),
+                                      torch.tensor(float(len(scores)), device=device)]))
+        t = self._sum(torch.tensor([gen_time], device=device)) / self.acc.num_processes
+        return {"reward_mean": all_scores.mean().item(), "reward_std": all_scores.std(unbiased=False).item(),
+                "raw_score_mean": all_raw.mean().item(),
+                "kl": (sums[0] / sums[4]).item(), "entropy": (sums[2] / sums[1]).item(),
+                "response_length": (sums[1] / sums[4]).item(), "finished_rate": (sums[3] / sums[4]).item(),
+                "rollout_tokens": int(sums[1].item()), "rollout_tokens_per_s": (sums[1] / t.clamp(min=1e-9)).item()}
 
     # -- update ----------------------------------------------------------------------------------
     def train_step(self, batch: dict) -> dict:
@@ -329,6 +341,10 @@ class PPOLoop:
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
+        return {**self._update_stats(batch, sums), **self._first_stats(first, batch["ids"].device)}
+
+    def _update_stats(self, batch: dict, sums: dict[str, float]) -> dict:
+        """The update's mean losses over every process, the explained variance and the learning rate."""
         count = sums.pop("count")
         local = torch.tensor([sums[k] / count for k in sorted(sums)], device=batch["ids"].device)
         avg = self._sum(local) / self.acc.num_processes
@@ -341,13 +357,17 @@ class PPOLoop:
         var_d = s[3] / s[4] - (s[2] / s[4]) ** 2
         stats["explained_variance"] = (1 - var_d / var_r.clamp(min=1e-8)).item()
         stats["learning_rate"] = self.scheduler.get_last_lr()[0]
-        if self.acc.num_processes > 1:  # the first micro-batch of every rank: worst ratio, mean losses
-            t = torch.tensor([first["first_ratio_max_dev"], first["first_pg_loss"], first["first_pg_loss_unclipped"]],
-                             device=batch["ids"].device)
-            g = self.acc.gather(t[None]).reshape(-1, 3)
-            first = {"first_ratio_max_dev": g[:, 0].max().item(), "first_pg_loss": g[:, 1].mean().item(),
-                     "first_pg_loss_unclipped": g[:, 2].mean().item()}
-        return {**stats, **first}
+        return stats
+
+    def _first_stats(self, first: dict, device: Any) -> dict:
+        """The first micro-batch's figures; over several processes: the worst ratio and the mean losses."""
+        if self.acc.num_processes == 1:
+            return first
+        t = torch.tensor([first["first_ratio_max_dev"], first["first_pg_loss"], first["first_pg_loss_unclipped"]],
+                         device=device)
+        g = self.acc.gather(t[None]).reshape(-1, 3)
+        return {"first_ratio_max_dev": g[:, 0].max().item(), "first_pg_loss": g[:, 1].mean().item(),
+                "first_pg_loss_unclipped": g[:, 2].mean().item()}
 
     # -- checkpoints -----------------------------------------------------------------------------
     def _last_checkpoint(self) -> Path | None:
@@ -373,8 +393,6 @@ class PPOLoop:
                         "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                        tmp / "weights.pt")
             torch.save({"update": self.update, "kl_coef": self.kl_coef, "history": self.history}, tmp / "state.pt")
-            from pipeline.files import commit_dir
-
             commit_dir(tmp, out)
             for old in self.work_dir.glob("update-*"):
                 if old != out:
