@@ -22,10 +22,10 @@ import datasets
 import pyarrow as pa
 import transformers
 import trl
-from accelerate import PartialState
 from trl.data_utils import _tokenize
 
 from pipeline.config import ConfigError
+from pipeline.distributed import main_writes
 from pipeline.files import atomic_dir, fingerprint
 
 VERSION = 1  # bump when the tokenisation below changes what it writes
@@ -92,15 +92,13 @@ def tokenise(dataset: Any, stage: Any, tok: Any) -> Any:
 
 def tokenised(dataset: Any, stage: Any, tok: Any, cache_dir: Path, name: str) -> Any:
     """`dataset` tokenised for `stage`, from the cache or tokenised now and stored (main process writes)."""
-    state = PartialState()
     path = Path(cache_dir) / "tokenized" / cache_key(dataset, stage, tok)
-    if state.is_main_process:
-        if path.is_dir():
+    with main_writes() as main:
+        if main and path.is_dir():
             log.info("%s: tokenised data: cache hit %s", name, path)
-        else:
+        elif main:
             log.info("%s: tokenised data: cache miss, tokenising %d rows into %s", name, len(dataset), path)
             tokens = tokenise(dataset, stage, tok)
             with atomic_dir(path) as tmp:
                 tokens.save_to_disk(str(tmp))
-    state.wait_for_everyone()
     return datasets.load_from_disk(str(path))

@@ -200,8 +200,9 @@ def save_checkpoint(out: Path, write: Callable[[Path], None], every_rank: bool =
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
     try:
-        if main or every_rank:
-            write(tmp)
+        with main_writes():
+            if main or every_rank:
+                write(tmp)
         with main_writes():
             if main:
                 (tmp / "training_args.bin").unlink(missing_ok=True)

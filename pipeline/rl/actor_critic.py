@@ -31,7 +31,8 @@ import torch
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
 from pipeline import preempt
-from pipeline.files import commit_dir
+from pipeline.distributed import main_writes
+from pipeline.training import save_checkpoint
 
 log = logging.getLogger("pipeline")
 
@@ -374,30 +375,30 @@ class PPOLoop:
         done = [p for p in self.work_dir.glob("update-*") if (p / "state.pt").is_file()]
         return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
 
-    def save(self) -> None:
+    def _write_state(self, tmp: Path) -> None:
+        """Every rank: its RNG state; the main process: weights, optimiser, scheduler and loop state."""
         acc = self.acc
-        out = self.work_dir / f"update-{self.update}"
-        tmp = self.work_dir / f".update-{self.update}.tmp"
-        if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()
+        tmp.mkdir(parents=True, exist_ok=True)
         name, keys, pos, has_gauss, gauss = np.random.get_state()
         torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
                     "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]},
                    tmp / f"rng-{acc.process_index}.pt")
-        acc.wait_for_everyone()
         if acc.is_main_process:
             torch.save({"policy": acc.unwrap_model(self.policy).state_dict(),
                         "value": acc.unwrap_model(self.value).state_dict(),
                         "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                        tmp / "weights.pt")
             torch.save({"update": self.update, "kl_coef": self.kl_coef, "history": self.history}, tmp / "state.pt")
-            commit_dir(tmp, out)
-            for old in self.work_dir.glob("update-*"):
-                if old != out:
-                    shutil.rmtree(old, ignore_errors=True)
-        acc.wait_for_everyone()
+
+    def save(self) -> None:
+        """Checkpoint this update to `work/update-N` (atomically) and drop the older ones."""
+        out = self.work_dir / f"update-{self.update}"
+        save_checkpoint(out, self._write_state, every_rank=True)
+        with main_writes() as main:
+            if main:
+                for old in self.work_dir.glob("update-*"):
+                    if old != out:
+                        shutil.rmtree(old, ignore_errors=True)
 
     def load(self, path: Path) -> None:
         weights = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
