@@ -42,11 +42,9 @@ def _value(record: StageRecord, metric: str) -> float:
 
 def _score(record: StageRecord, out: Path, evaluate: Evaluate) -> StageRecord:
     """Evaluate a finished candidate (main process), write its stage.json last; every rank reads it back."""
-    with main_writes() as main:
-        if main:
-            record.status, record.output_model = "done", str(out / "model")
-            record.eval = evaluate(out / "model", out / "eval")
-            record.write(out)
+    record.status, record.output_model = "done", str(out / "model")
+    record.eval = evaluate(out / "model", out / "eval")  # the main process scores; the others get nothing
+    record.write(out)  # written last (main process); every rank reads it back
     return StageRecord.read(out)
 
 
