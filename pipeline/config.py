@@ -45,12 +45,13 @@ class EvalConfig:
     batch_size: int | None = None
     apply_chat_template: bool | None = None  # true for instruct checkpoints, false for base models
     include_path: str | None = None  # a folder of extra lm-eval task YAMLs
-    gsm8k_dir: str | None = None  # folder with GSM8K train.jsonl / test.jsonl (task gsm8k_local)
+    gsm8k_dir: str | None = None  # folder with GSM8K train.jsonl / test.jsonl (task gsm8k_local); empty: openai/gsm8k
+    chat_template_kwargs: Any = None  # a mapping passed to the chat template, e.g. {enable_thinking: false}
 
 
 def _eval_defaults() -> EvalConfig:
     return EvalConfig(tasks=[], num_fewshot=-1, limit=0, max_gen_toks=256, batch_size=16, apply_chat_template=True,
-                      include_path="", gsm8k_dir="../shared/data/gsm8k")
+                      include_path="", gsm8k_dir="")
 
 
 @dataclass
@@ -264,6 +265,7 @@ class RunConfig:
     ppo: PpoConfig = field(default_factory=lambda: PpoConfig(learning_rate=1e-6, lr_scheduler_type="constant",
                                                              max_steps=100))
     grpo: GrpoConfig = field(default_factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
+    hub_mirror: str = ""  # a folder of local Hub dataset copies, <owner>/<repo>/...: `hub:` sources read from it
 
 
 STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (
