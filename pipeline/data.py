@@ -22,6 +22,7 @@ mixtures). Every malformed row is a `ConfigError` naming the file (or Hub split)
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ TARGETS = ("messages", "text", "prompt", "chosen", "rejected", "answer", "user",
            "chat_template_kwargs")
 ROLES = ("system", "user", "assistant", "tool")
 GENERATORS = ("tiny",)
+log = logging.getLogger("pipeline")
 
 
 @dataclass
@@ -131,7 +133,7 @@ def fingerprints(name: str, cfg: DictConfig) -> list[dict]:
                 raise ConfigError(f"dataset {file} is empty")
         if file is None:
             path = hub_source(src.hub, src.name, [src.split], cfg)["path"]
-            mirror = {"mirror": path} if path != src.hub else {}
+            mirror = {"mirror": cfg.hub_mirror} if path != src.hub else {}
             if mirror:
                 _load_hub(src, i, spec.seed, cfg)
             out.append({"hub": src.hub, "name": src.name, "split": src.split, "revision": src.revision, **mirror})
@@ -315,7 +317,7 @@ def _load_hub(src: DictConfig, i: int, seed: int, cfg: DictConfig) -> Any:
     import datasets
 
     args = hub_source(src.hub, src.name, [src.split], cfg)
-    label = f"{src.hub}[{src.name}/{src.split}]"
+    label = f"{src.hub}[{'/'.join(filter(None, (src.name, src.split)))}]"
     revision = {"revision": src.revision} if args["path"] == src.hub else {}
     try:
         raw = datasets.load_dataset(**args, split=src.split, **revision)
@@ -347,9 +349,14 @@ def load_mixture(name: str, cfg: DictConfig, render: Callable[[dict], str] | Non
                 raise ConfigError(f"dataset {file} is empty")
             ds = datasets.Dataset.from_list(rows)
             ds = ds.select(_pick(len(ds), src.weight, spec.seed + i))
+        if not len(ds):  # a small weight of a small source
+            log.warning("mixture '%s' source %d: weight %g picks no row", name, i, src.weight)
+            continue
         if render is not None and "messages" in ds.column_names:
             ds = ds.map(lambda r: {"text": render(r)}, remove_columns=ds.column_names)
         parts.append(ds)
+    if not parts:
+        raise ConfigError(f"mixture '{name}': its weights pick no row")
     names = [sorted(p.column_names) for p in parts]
     if any(n != names[0] for n in names):
         raise ConfigError(f"mixture '{name}': sources give different columns {names}")
