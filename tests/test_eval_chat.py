@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -42,7 +41,7 @@ def test_gsm8k_local_five_shot_multiturn_with_template_switches(tmp_path, tiny_b
     assert result["prompt_format"] == "chat, 5-shot multi-turn, enable_thinking=False"
     assert describe_format(prompt_format(settings(cfg, None))) == "plain, 5-shot"  # the base row's format
     first = json.loads((tmp_path / "eval/samples_gsm8k_local.jsonl").read_text().splitlines()[0])
-    prompt = first["arguments"]["gen_args_0"]["arg_0"]
+    prompt = first["arguments"][0][0]
     train = [json.loads(line)["question"] for line in
              (FIXTURES / "openai/gsm8k/main/train-00000-of-00001.jsonl").read_text().splitlines()]
     assert prompt.startswith("<|im_start|>system\n/no_think<|im_end|>\n<|im_start|>user\n")
