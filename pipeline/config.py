@@ -53,12 +53,13 @@ class EvalConfig:
     batch_size: int | None = arg("lm-eval batch size", None)
     apply_chat_template: bool | None = arg("true for instruct checkpoints, false for base models", None)
     include_path: str | None = arg("a folder of extra lm-eval task YAMLs", None)
-    gsm8k_dir: str | None = arg("folder with GSM8K train.jsonl / test.jsonl (task gsm8k_local)", None)
+    gsm8k_dir: str | None = arg("GSM8K train.jsonl / test.jsonl folder (task gsm8k_local); empty: openai/gsm8k", None)
+    chat_template_kwargs: Any = arg("a mapping passed to the chat template, e.g. {enable_thinking: false}", None)
 
 
 def _eval_defaults() -> EvalConfig:
     return EvalConfig(tasks=[], num_fewshot=-1, limit=0, max_gen_toks=256, batch_size=16, apply_chat_template=True,
-                      include_path="", gsm8k_dir="../shared/data/gsm8k")
+                      include_path="", gsm8k_dir="")
 
 
 @dataclass
@@ -277,6 +278,7 @@ class RunConfig:
                          factory=lambda: PpoConfig(learning_rate=1e-6, lr_scheduler_type="constant", max_steps=100))
     grpo: GrpoConfig = arg("GRPO through TRL",
                            factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
+    hub_mirror: str = arg("a folder of local Hub dataset copies, <owner>/<repo>/...: `hub:` sources read from it", "")
 
 
 STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (

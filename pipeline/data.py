@@ -10,13 +10,19 @@ Unmapped targets are taken from a column of the same name when there is one. `we
 that fraction of the source's rows, > 1 that many rows (cycling if the source is smaller). Rows are
 shuffled with the mixture seed after mixing.
 
+Hub sources are read with `datasets.load_dataset`, from the Hub or, with `hub_mirror=DIR`, from a local
+copy of the repository in `DIR/<owner>/<repo>` (see `hub_source`). The weight picks rows before they
+are normalised. Prompts become conversations, and preference rows reach TRL in its conversational form
+whatever mix of strings and conversations the source uses (`normalise`).
+
 Relative paths resolve against the current directory (the repository root for the shipped
-mixtures). Every malformed row is a `ConfigError` naming the file and line.
+mixtures). Every malformed row is a `ConfigError` naming the file (or Hub split) and row.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +39,7 @@ TARGETS = ("messages", "text", "prompt", "chosen", "rejected", "answer", "user",
            "chat_template_kwargs")
 ROLES = ("system", "user", "assistant", "tool")
 GENERATORS = {"tiny": tiny_data.split_file}  # `generator: NAME` -> (run config, split) -> local JSONL file
+log = logging.getLogger("pipeline")
 
 
 @dataclass
@@ -111,18 +118,24 @@ def stage_mixtures(cfg: DictConfig, stage: str) -> list[str]:
 def fingerprints(name: str, cfg: DictConfig) -> list[dict]:
     """One fingerprint per source of a mixture: sha256 of local files, name + revision for Hub data.
 
-    Local files are also parsed and every row checked here, so a malformed row stops the run
-    before any training (Hub sources are checked when loaded).
+    Local files (every row) and Hub sources read from `hub_mirror` (the rows the weight picks) are also
+    checked here, so a malformed row stops the run before any training; Hub sources read from the Hub
+    are checked when loaded.
     """
     out = []
-    for src in load_spec(name).sources:
+    spec = load_spec(name)
+    for i, src in enumerate(spec.sources):
         file = _local_file(src, cfg)
         if file is not None:
             columns = OmegaConf.to_container(src.columns)
             if not [normalise(row, columns, where) for where, row in _read_rows(file)]:
                 raise ConfigError(f"dataset {file} is empty")
         if file is None:
-            out.append({"hub": src.hub, "name": src.name, "split": src.split, "revision": src.revision})
+            path = hub_source(src.hub, src.name, [src.split], cfg)["path"]
+            mirror = {"mirror": cfg.hub_mirror} if path != src.hub else {}
+            if mirror:
+                _load_hub(src, i, spec.seed, cfg)
+            out.append({"hub": src.hub, "name": src.name, "split": src.split, "revision": src.revision, **mirror})
         elif src.generator:
             out.append({"generator": src.generator, "split": src.split, "sha256": sha256_file(file)})
         else:
@@ -170,8 +183,74 @@ def _check_messages(messages: Any, where: str) -> list[dict]:
     return out
 
 
+def _as_chat(value: Any, role: str, target: str, where: str) -> list[dict]:
+    """A string as one `role` turn, a list as checked messages; anything else is refused."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ConfigError(f"{where}: {target} is empty")
+        return [{"role": role, "content": value}]
+    if isinstance(value, list):
+        return _check_messages(value, where)
+    raise ConfigError(f"{where}: {target} must be a string or a list of {{role, content}} messages, "
+                      f"got {type(value).__name__}")
+
+
+def _check_answers(messages: list[dict], target: str, where: str) -> None:
+    """A chat needs at least one assistant turn, and no empty one."""
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    if not answers:
+        raise ConfigError(f"{where}: {target} has no assistant turn")
+    if not all(a.strip() for a in answers):
+        raise ConfigError(f"{where}: {target} has an empty assistant turn")
+
+
+def _same(a: list[dict], b: list[dict]) -> bool:
+    return [(m["role"], m["content"].strip()) for m in a] == [(m["role"], m["content"].strip()) for m in b]
+
+
+def _split_prompt(prompt: list[dict], reply: list[dict], target: str, where: str) -> tuple[list[dict], list[dict]]:
+    """(the prompt, the reply) of a reply that may be a whole conversation repeating the prompt (smoltalk2
+    `Preference`: string prompt, chosen = [user, assistant]): its turns up to the prompt's last become the prompt."""
+    if reply[0]["role"] == "assistant":
+        return prompt, reply
+    n = len(prompt)
+    for end in range(n, len(reply)):
+        if reply[end]["role"] == "assistant" and _same(reply[end - n:end], prompt):
+            return reply[:end], reply[end:]
+    raise ConfigError(f"{where}: {target} starts with a {reply[0]['role']} turn but does not repeat the prompt "
+                      "before an assistant turn")
+
+
+def _preference(out: dict, where: str) -> None:
+    """Prompt, chosen and rejected, in any mix of strings and conversations, as conversations that TRL's DPO
+    accepts: prompt = the messages before the answer, chosen / rejected = the answer turns only."""
+    if "chosen" not in out or "rejected" not in out:
+        raise ConfigError(f"{where}: a preference row needs both chosen and rejected")
+    if "prompt" not in out:  # implicit prompt: the turns chosen and rejected share (TRL's own extraction)
+        from trl.data_utils import extract_prompt
+
+        out.update(extract_prompt(out))
+    prompt = _as_chat(out["prompt"], "user", "prompt", where)
+    lead_c, chosen = _split_prompt(prompt, _as_chat(out["chosen"], "assistant", "chosen", where), "chosen", where)
+    lead_r, rejected = _split_prompt(prompt, _as_chat(out["rejected"], "assistant", "rejected", where), "rejected",
+                                     where)
+    if not (_same(lead_c, prompt) or _same(lead_r, prompt) or _same(lead_c, lead_r)):
+        raise ConfigError(f"{where}: chosen and rejected repeat different prompts")
+    _check_answers(chosen, "chosen", where)
+    _check_answers(rejected, "rejected", where)
+    if _same(chosen, rejected):
+        raise ConfigError(f"{where}: preference row has chosen equal to rejected")
+    out.update(prompt=max(lead_c, lead_r, key=len), chosen=chosen, rejected=rejected)
+
+
 def normalise(row: dict, columns: dict, where: str) -> dict:
-    """Map one source row into the target fields; raise `ConfigError` naming `where` if malformed."""
+    """Map one source row into the target fields; raise `ConfigError` naming `where` if malformed.
+
+    Chats are checked (known roles, string contents, an assistant turn, none empty). A `prompt` always
+    becomes a conversation (a string: one user turn), so PPO, GRPO and on-policy sampling get a chat; with
+    `chosen` / `rejected` every mix of string and conversational forms is brought to the conversational
+    form TRL's DPO accepts (see `_preference`). `chat_template_kwargs` is a dict (None: {}).
+    """
     if not isinstance(row, dict):
         raise ConfigError(f"{where}: row is not a JSON object")
     mapping = dict(columns) or {t: t for t in TARGETS if t in row}
@@ -184,29 +263,69 @@ def normalise(row: dict, columns: dict, where: str) -> dict:
     if "user" in out or "assistant" in out:
         turns = [(r, out.pop(r)) for r in ("system", "user", "assistant") if r in out]
         out["messages"] = [{"role": r, "content": c} for r, c in turns]
-    for key in ("messages", "chosen", "rejected"):
-        if key in out and not isinstance(out[key], str):
-            out[key] = _check_messages(out[key], where)
-    if isinstance(out.get("prompt"), list):
-        out["prompt"] = _check_messages(out["prompt"], where)
-    if "chosen" in out and out.get("chosen") == out.get("rejected"):
-        raise ConfigError(f"{where}: preference row has chosen equal to rejected")
+    if "messages" in out:
+        out["messages"] = _check_messages(out["messages"], where)
+        _check_answers(out["messages"], "chat row", where)
+    if "chosen" in out or "rejected" in out:
+        _preference(out, where)
+    elif "prompt" in out:
+        out["prompt"] = _as_chat(out["prompt"], "user", "prompt", where)
+    if "chat_template_kwargs" in out:
+        kwargs = out["chat_template_kwargs"] or {}
+        if not isinstance(kwargs, dict):
+            raise ConfigError(f"{where}: chat_template_kwargs must be a mapping, got {type(kwargs).__name__}")
+        out["chat_template_kwargs"] = kwargs
     if not out:
         raise ConfigError(f"{where}: no usable column (map one of {', '.join(TARGETS)})")
     return out
 
 
-def _normalise_indexed(row: dict, index: int, columns: dict, label: str) -> dict:
-    return normalise(row, columns, f"{label} row {index + 1}")
+def _normalise_batch(batch: dict, indices: list[int], columns: dict, label: str, picked: list[int]) -> dict:
+    """`normalise` over a batch of a Hub split; `picked` maps a position to the split's own row number."""
+    rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+    out = [normalise(row, columns, f"{label} row {picked[i] + 1}") for row, i in zip(rows, indices, strict=True)]
+    return {key: [r[key] for r in out] for key in out[0]}
 
 
-def _subsample(ds: Any, weight: float, seed: int) -> Any:
-    n = len(ds)
+def _pick(n: int, weight: float, seed: int) -> list[int]:
+    """Row numbers a source contributes: a seeded shuffle, cut to the weighted count or cycled past it."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(n).tolist()
     count = round(n * weight) if weight <= 1 else int(weight)
-    order = ds.shuffle(seed=seed)
-    if count <= n:
-        return order.select(range(count))
-    return order.select([i % n for i in range(count)])
+    return order[:count] if count <= n else [order[i % n] for i in range(count)]
+
+
+def hub_source(repo: str, name: str, splits: list[str], cfg: DictConfig) -> dict:
+    """`datasets.load_dataset` arguments (path, name, data_files) for a Hub dataset: the Hub itself, or the
+    copy of the repository under `hub_mirror` (`<hub_mirror>/<owner>/<repo>`) when there is one. A copy with
+    the repository's card (README.md, as `huggingface-cli download` leaves it) is read like the Hub (configs,
+    splits, types from the card); one without reads `<config>/<split>.<ext>` (or `<config>/<split>-*`)."""
+    root = Path(cfg.hub_mirror).resolve() / repo if cfg.hub_mirror else None
+    if root is None or not root.is_dir():
+        return {"path": repo, "name": name or None}
+    if (root / "README.md").is_file():
+        return {"path": str(root), "name": name or None}
+    folder = f"{name}/" if name else ""
+    return {"path": str(root), "name": None,
+            "data_files": {s: [f"{folder}{s}.*", f"{folder}{s}-*"] for s in splits}}
+
+
+def _load_hub(src: DictConfig, i: int, seed: int, cfg: DictConfig) -> Any:
+    """A Hub split, weighted first (only the picked rows are normalised), normalised in batches."""
+    import datasets
+
+    args = hub_source(src.hub, src.name, [src.split], cfg)
+    label = f"{src.hub}[{'/'.join(filter(None, (src.name, src.split)))}]"
+    revision = {"revision": src.revision} if args["path"] == src.hub else {}
+    try:
+        raw = datasets.load_dataset(**args, split=src.split, **revision)
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(f"hub dataset {label} ({args['path']}): {err}") from None
+    picked = _pick(len(raw), src.weight, seed + i)
+    return raw.select(picked).map(
+        _normalise_batch, batched=True, with_indices=True, remove_columns=raw.column_names,
+        fn_kwargs={"columns": OmegaConf.to_container(src.columns), "label": label, "picked": picked})
 
 
 def load_mixture(name: str, cfg: DictConfig, render: Callable[[dict], str] | None = None):
@@ -219,21 +338,24 @@ def load_mixture(name: str, cfg: DictConfig, render: Callable[[dict], str] | Non
     spec = load_spec(name)
     parts = []
     for i, src in enumerate(spec.sources):
-        columns = OmegaConf.to_container(src.columns)
         file = _local_file(src, cfg)
-        if file is not None:
+        if file is None:
+            ds = _load_hub(src, i, spec.seed, cfg)
+        else:
+            columns = OmegaConf.to_container(src.columns)
             rows = [normalise(row, columns, where) for where, row in _read_rows(file)]
             if not rows:
                 raise ConfigError(f"dataset {file} is empty")
             ds = datasets.Dataset.from_list(rows)
-        else:
-            raw = datasets.load_dataset(src.hub, src.name or None, split=src.split, revision=src.revision)
-            label = f"{src.hub}[{src.name}/{src.split}]"
-            ds = raw.map(_normalise_indexed, with_indices=True, remove_columns=raw.column_names,
-                         fn_kwargs={"columns": columns, "label": label})
+            ds = ds.select(_pick(len(ds), src.weight, spec.seed + i))
+        if not len(ds):  # a small weight of a small source
+            log.warning("mixture '%s' source %d: weight %g picks no row", name, i, src.weight)
+            continue
         if render is not None and "messages" in ds.column_names:
             ds = ds.map(lambda r: {"text": render(r)}, remove_columns=ds.column_names)
-        parts.append(_subsample(ds, src.weight, spec.seed + i))
+        parts.append(ds)
+    if not parts:
+        raise ConfigError(f"mixture '{name}': its weights pick no row")
     names = [sorted(p.column_names) for p in parts]
     if any(n != names[0] for n in names):
         raise ConfigError(f"mixture '{name}': sources give different columns {names}")

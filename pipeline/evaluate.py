@@ -10,6 +10,7 @@ user task YAMLs. Metrics are named `<task>/<metric>,<filter>` (e.g.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -21,7 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config import ROOT, ConfigError
-from pipeline.data import GENERATORS
+from pipeline.data import GENERATORS, hub_source
 from pipeline.files import write_text
 
 log = logging.getLogger("pipeline")
@@ -33,7 +34,21 @@ def settings(cfg: DictConfig, section: str | None) -> dict:
     out = OmegaConf.to_container(cfg.eval)
     override = cfg.base_eval if section is None else cfg[section].eval
     out.update({k: v for k, v in OmegaConf.to_container(override).items() if v is not None})
+    if not isinstance(out["chat_template_kwargs"] or {}, dict):
+        where = "eval" if section is None else f"{section}.eval"
+        raise ConfigError(f"{where}.chat_template_kwargs must be a mapping such as {{enable_thinking: false}}, "
+                          f"got {out['chat_template_kwargs']!r}")
     return out
+
+
+def gsm8k_source(cfg: DictConfig) -> dict:
+    """Where task gsm8k_local reads GSM8K (`datasets.load_dataset` arguments): the train.jsonl / test.jsonl of
+    `eval.gsm8k_dir` when set, else `openai/gsm8k` (`main`) from the Hub or from `hub_mirror`'s copy."""
+    if cfg.eval.gsm8k_dir:
+        folder = Path(cfg.eval.gsm8k_dir).resolve()
+        return {"path": "json", "name": None,
+                "data_files": {split: str(folder / f"{split}.jsonl") for split in ("train", "test")}}
+    return hub_source("openai/gsm8k", "main", ["train", "test"], cfg)
 
 
 def write_tasks(cfg: DictConfig, out: Path) -> Path:
@@ -43,8 +58,10 @@ def write_tasks(cfg: DictConfig, out: Path) -> Path:
 
     values = {
         "gsm8k_yaml": str(Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"),
-        "gsm8k_dir": str(Path(cfg.eval.gsm8k_dir).resolve()),
     }
+    source = gsm8k_source(cfg)
+    values.update(gsm8k_path=json.dumps(source["path"]), gsm8k_name=json.dumps(source["name"]),
+                  gsm8k_kwargs=json.dumps({"data_files": source["data_files"]} if "data_files" in source else None))
     tiny = GENERATORS["tiny"]  # cheap to generate (cached), so tiny_gsm always works
     values.update(tiny_train=str(tiny(cfg, "gsm_train").resolve()), tiny_test=str(tiny(cfg, "test").resolve()))
     for template in sorted(TASK_TEMPLATES.glob("*.yaml")):
@@ -90,6 +107,37 @@ def expected_metrics(ev: dict, tasks_dir: Path) -> set[str]:
     return out
 
 
+@contextlib.contextmanager
+def lm_eval_to_log():
+    """While lm-eval runs, its log records (e.g. "`pretrained` model kwarg is not of type `str`") go to the
+    pipeline log's files only, not to the terminal (nowhere on a process without a log file)."""
+    lm_log = logging.getLogger("lm_eval")
+    saved = lm_log.handlers[:], lm_log.propagate
+    lm_log.handlers = [h for h in log.handlers if isinstance(h, logging.FileHandler)] or [logging.NullHandler()]
+    lm_log.propagate = False
+    try:
+        yield
+    finally:
+        lm_log.handlers, lm_log.propagate = saved
+
+
+def prompt_format(ev: dict) -> dict:
+    """How `ev` renders prompts: chat template or plain text, few-shot count (None: the task's own) and form,
+    and the chat template's switches (only with the chat template)."""
+    fewshot = ev["num_fewshot"] if ev["num_fewshot"] >= 0 else None
+    chat = bool(ev["apply_chat_template"])
+    return {"apply_chat_template": chat, "num_fewshot": fewshot, "fewshot_as_multiturn": bool(chat and fewshot),
+            "chat_template_kwargs": (ev.get("chat_template_kwargs") or {}) if chat else {}}
+
+
+def describe_format(fmt: dict) -> str:
+    """`prompt_format` in a few words for the leaderboard, e.g. `chat, 5-shot multi-turn, enable_thinking=False`."""
+    shots = "task's n-shot" if fmt["num_fewshot"] is None else f"{fmt['num_fewshot']}-shot"
+    parts = ["chat" if fmt["apply_chat_template"] else "plain",
+             shots + (" multi-turn" if fmt["fewshot_as_multiturn"] else "")]
+    return ", ".join(parts + [f"{k}={v}" for k, v in fmt["chat_template_kwargs"].items()])
+
+
 def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, model_cfg: Any) -> dict:
     """Score one checkpoint with lm-eval (call on one process only); keep per-sample output in `out_dir`."""
     import torch
@@ -107,14 +155,16 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
         model_path, dtype=model_dtype(model_cfg.precision),
         trust_remote_code=model_cfg.trust_remote_code).to("cuda" if cuda else "cpu")
     tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
-    lm = HFLM(pretrained=model, tokenizer=tok, batch_size=ev["batch_size"])
-    fewshot = ev["num_fewshot"] if ev["num_fewshot"] >= 0 else None
-    results = simple_evaluate(
-        model=lm, tasks=list(ev["tasks"]), num_fewshot=fewshot, limit=ev["limit"] or None,
-        apply_chat_template=ev["apply_chat_template"], fewshot_as_multiturn=bool(ev["apply_chat_template"] and fewshot),
-        gen_kwargs={"max_gen_toks": ev["max_gen_toks"]}, task_manager=_task_manager(ev, tasks_dir),
-        log_samples=True, random_seed=0, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234,
-    )
+    fmt = prompt_format(ev)
+    with lm_eval_to_log():
+        lm = HFLM(pretrained=model, tokenizer=tok, batch_size=ev["batch_size"],
+                  chat_template_args=fmt["chat_template_kwargs"])
+        results = simple_evaluate(
+            model=lm, tasks=list(ev["tasks"]), num_fewshot=fmt["num_fewshot"], limit=ev["limit"] or None,
+            apply_chat_template=fmt["apply_chat_template"], fewshot_as_multiturn=fmt["fewshot_as_multiturn"],
+            gen_kwargs={"max_gen_toks": ev["max_gen_toks"]}, task_manager=_task_manager(ev, tasks_dir),
+            log_samples=True, random_seed=0, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234,
+        )
     metrics, stderr = {}, {}
     for task, values in results["results"].items():
         for key, value in values.items():
@@ -134,5 +184,6 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
         "samples": {t: v["effective"] for t, v in results.get("n-samples", {}).items()},
         "task_configs": results.get("configs", {}),
         "settings": ev,
+        "prompt_format": describe_format(fmt),
         "wall_time_s": round(time.time() - started, 2),
     }

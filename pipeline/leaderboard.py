@@ -33,6 +33,7 @@ def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict 
         row[name] = value
         if name in ev.get("stderr", {}):
             row[f"{name} stderr"] = ev["stderr"][name]
+    row["prompt_format"] = ev.get("prompt_format", "")  # base and stages may be scored on different formats
     gate = record.get("gate")
     row["gate"] = f"{gate['verdict']}: {gate['reason']}" if gate else ""
     row.update(tokens=metrics.get("tokens"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),

@@ -26,7 +26,27 @@ def _mixture(tmp: Path, rows: list | None, columns: dict | None = None) -> str:
     return str(mix)
 
 
+DPO = ["stages=[dpo]", "dpo.on_policy.enabled=false", "dpo.gate.metric=", "dpo.soup.top_k=0", "dpo.merge.stage=",
+       "dpo.sweep.beta=null", "dpo.sweep.learning_rate=null"]
+
+
+def _hub_mirror(tmp: Path) -> Path:
+    """A local copy of a Hub dataset `acme/prefs` (no card: `train.jsonl`) whose second row is bad."""
+    pair = {"prompt": "p", "chosen": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "a"}],
+            "rejected": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "b"}]}
+    (tmp / "hub/acme/prefs").mkdir(parents=True)
+    _jsonl(tmp / "hub/acme/prefs/train.jsonl", [pair, {**pair, "rejected": pair["chosen"]}])
+    mix = tmp / "hub_mix.yaml"
+    mix.write_text(json.dumps({"sources": [{"hub": "acme/prefs", "split": "train", "columns": {
+        "prompt": "prompt", "chosen": "chosen", "rejected": "rejected"}}]}))
+    return tmp / "hub"
+
+
 CHAT = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+EMPTY_ANSWER = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}]}
+SAME_ONCE_NORMALISED = {"prompt": "p", "chosen": "x",
+                        "rejected": [{"role": "user", "content": "p"}, {"role": "assistant", "content": "x"}]}
+NUMBER_PROMPT = {"prompt": 7, "chosen": "x", "rejected": "y"}
 
 
 def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
@@ -57,6 +77,15 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
                                     "dpo.sweep.beta=null", "dpo.sweep.learning_rate=null",
                                     f"dpo.mixture={_mixture(tmp, [{'prompt': 'p', 'chosen': 'x', 'rejected': 'x'}])}"],
                                    "chosen equal to rejected"),
+        "empty assistant turn": ([f"sft.mixture={_mixture(tmp, [CHAT, EMPTY_ANSWER])}"],
+                                 "rows.jsonl:2: chat row has an empty assistant turn"),
+        "chosen equals rejected once normalised": ([*DPO, f"dpo.mixture={_mixture(tmp, [SAME_ONCE_NORMALISED])}"],
+                                                   "rows.jsonl:1: preference row has chosen equal to rejected"),
+        "prompt neither a string nor messages": ([*DPO, f"dpo.mixture={_mixture(tmp, [NUMBER_PROMPT])}"],
+                                                 "rows.jsonl:1: prompt must be a string or a list of"),
+        "bad row of a Hub split (hub_mirror)": ([*DPO, f"hub_mirror={_hub_mirror(tmp)}",
+                                                 f"dpo.mixture={tmp / 'hub_mix.yaml'}"],
+                                                "acme/prefs[train] row 2: preference row has chosen equal"),
         "unknown role": ([f"sft.mixture={_mixture(tmp, [{'messages': [{'role': 'bot', 'content': 'x'}]}])}"],
                          "unknown message role 'bot'"),
         "every prompt longer than max_length": (["sft.max_length=4"], "all 600 rows are longer than max_length=4"),

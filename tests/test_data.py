@@ -28,14 +28,19 @@ def _mixture(tmp_path: Path, sources: list[dict]) -> str:
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/data/gsm8k is not beside this checkout")
-def test_gsm8k_loads_through_the_shipped_mixture(tmp_path):
-    ds = load_mixture("gsm8k", _cfg(tmp_path))
+def test_gsm8k_loads_through_the_shipped_mixture_from_a_plain_local_copy(tmp_path):
+    copy = tmp_path / "hub" / "openai" / "gsm8k" / "main"  # hub_mirror layout without a card: <config>/<split>.jsonl
+    copy.mkdir(parents=True)
+    (copy / "train.jsonl").symlink_to(GSM8K)
+    cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", f"hub_mirror={tmp_path / 'hub'}"])
+    ds = load_mixture("gsm8k", cfg)
     assert len(ds) == 7473 and ds.column_names == ["messages"]
     roles = [m["role"] for m in ds[0]["messages"]]
     assert roles == ["user", "assistant"]
     assert re.search(r"\n#### -?[\d,.]+$", ds[0]["messages"][1]["content"])
-    (fp,) = fingerprints("gsm8k", _cfg(tmp_path))
-    assert len(fp["sha256"]) == 64
+    (fp,) = fingerprints("gsm8k", cfg)
+    assert fp == {"hub": "openai/gsm8k", "name": "main", "split": "train", "revision": "main",
+                  "mirror": str(tmp_path / "hub")}
 
 
 def test_weights_take_fractions_and_counts(tmp_path):
