@@ -264,6 +264,9 @@ class RunConfig:
     ppo: PpoConfig = field(default_factory=lambda: PpoConfig(learning_rate=1e-6, lr_scheduler_type="constant",
                                                              max_steps=100))
     grpo: GrpoConfig = field(default_factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
+    report_to: list[str] = field(default_factory=list)  # trackers transformers supports: tensorboard, wandb, trackio
+    push_to_hub: bool = False  # each trainer pushes its checkpoint (transformers' push_to_hub; needs a Hub login)
+    hub_model_id: str = ""  # push_to_hub: a stage pushes to <hub_model_id>-<NN-name>[-<candidate>]
 
 
 STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import data, evaluate, gates, leaderboard, manifest, preempt
+from pipeline import data, evaluate, gates, leaderboard, manifest, modelcard, preempt, stats
 from pipeline.config import ConfigError, cache_dir, stage_section
 from pipeline.files import RunLock, fingerprint, read_json, write_json, write_text
 
@@ -211,12 +211,16 @@ class Chain:
         if record.get("eval"):
             metric = self.cfg[s.name].gate.metric
             previous = next(((c, m[metric]) for c, m in reversed(self.history) if metric in m), None)
-            verdict = gates.judge(self.cfg[s.name].gate, record["eval"]["metrics"], previous)
+            paired = stats.paired_difference(stats.eval_dir(s.dir.parent / previous[0]), stats.eval_dir(s.dir),
+                                             metric) if previous else None
+            verdict = gates.judge(self.cfg[s.name].gate, record["eval"]["metrics"], previous, paired)
             self.history.append((s.dir.name, record["eval"]["metrics"]))
         # the main process decides alone whether to write (a reused stage keeps its file untouched); every rank
         # waits, whatever the others read (the write is atomic and leaves the eval metrics as they were)
         if self.main and ("gate" not in record or record["gate"] != verdict):
             write_json(path, {**record, "gate": verdict})
+        if self.main:
+            modelcard.write(self.root, s.dir)
         self.state.wait_for_everyone()
         self.export()
         return verdict

@@ -29,7 +29,7 @@ from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unse
 from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import is_chat_template_stop_token_trained
 
-from pipeline import preempt, tokcache
+from pipeline import preempt, tokcache, tracking
 from pipeline.config import ConfigError
 from pipeline.files import commit_dir, read_json
 from pipeline.telemetry import MEMORY_LIMIT, Telemetry
@@ -117,7 +117,7 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
         seed=seed,
         bf16=use_bf16(precision),
         use_cpu=not torch.cuda.is_available(),
-        report_to="none",
+        **tracking.trainer_args(work_dir),  # report_to, run_name, push_to_hub: the run's settings
         disable_tqdm=not (PartialState().is_main_process and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
         **_configured_state(),
     )

@@ -24,7 +24,7 @@ from accelerate import PartialState
 from omegaconf import OmegaConf
 from trl import DPOConfig, DPOTrainer
 
-from pipeline import merge
+from pipeline import merge, stats
 from pipeline.config import ConfigError, grid
 from pipeline.data import load_mixture
 from pipeline.files import atomic_dir, fingerprint, read_json, write_json, write_text
@@ -192,7 +192,9 @@ def run(ctx: StageContext) -> dict | None:
         with atomic_dir(ctx.stage_dir / "model") as tmp:
             shutil.copytree(selected["output_model"], tmp, dirs_exist_ok=True)
     state.wait_for_everyone()
-    table = [{"candidate": r["candidate"], metric or "metric": _value(r, metric)} for r in candidates]
+    table = [{"candidate": r["candidate"], metric or "metric": _value(r, metric),
+              "vs_input": stats.versus_input(ctx.stage_dir, Path(r["output_model"]).parent / "eval", metric)}
+             for r in candidates]
     log.info("selected candidate %s by %s: %s", selected["candidate"], metric or "(single candidate)", table)
     trained = selected.get("metrics") or best["metrics"]
     return {**trained, "selected": selected["candidate"], "selected_by": metric or None,
