@@ -22,7 +22,7 @@ from matplotlib.patches import Rectangle
 
 from pipeline.files import read_json
 
-matplotlib.rcParams.update({"svg.hashsalt": "smol-pipeline", "svg.fonttype": "none", "font.size": 9})
+RC = {"svg.hashsalt": "smol-pipeline", "svg.fonttype": "none", "font.size": 9}  # applied per chart, not globally
 VERDICT_COLOURS = {"pass": "#15803d", "warn": "#d97706", "fail": "#dc2626", "": "#2563eb"}
 
 
@@ -34,6 +34,7 @@ def to_svg(fig: Figure) -> str:
     return text[text.index("<svg"):]
 
 
+@matplotlib.rc_context(RC)
 def metric_per_stage(rows: list[dict], metric: str, label: Callable[[dict], str]) -> str:
     """`metric` of each checkpoint row with a 95% error bar (1.96 x lm-eval's stderr), coloured by gate verdict."""
     points = [r for r in rows if isinstance(r.get(metric), (int, float))]
@@ -65,6 +66,7 @@ def _cell_text(value: float | None, paired: dict | None) -> str:
     return f"{value:.3f}" + (f"\n{paired['diff']:+.3f}\u00b1{1.96 * paired['se']:.3f}" if paired else "")
 
 
+@matplotlib.rc_context(RC)
 def sweep_heatmap(stage_dir: Path) -> str:
     """The sweep of `stage_dir` as a beta x learning-rate heatmap of its selection metric, soup and merge beside."""
     m = (read_json(Path(stage_dir) / "stage.json") or {}).get("metrics") or {}

@@ -171,6 +171,7 @@ def to_html(table: list[dict], run_dirs: list[Path]) -> str:
             f"<div id=\"charts\">{''.join(f'<div class=chart>{c}</div>' for c in svgs)}</div>"
             f"{_details(table)}</body></html>\n")
 
+
 def export(run_dirs: list[Path], out: Path) -> list[dict]:
     """Rebuild the leaderboard of `run_dirs` and write it in every format into `out`; return the rows."""
     table = rows(run_dirs)
