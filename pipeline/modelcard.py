@@ -13,7 +13,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from omegaconf import OmegaConf
 
-from pipeline.files import read_json
+from pipeline.files import read_json, write_text
 
 KEYS = ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
         "beta", "loss_type")
@@ -106,5 +106,5 @@ def write(run_dir: Path, stage_dir: Path) -> Path | None:
     model = Path(stage_dir) / "model"
     if not model.is_dir():
         return None
-    card(run_dir, stage_dir).save(model / "README.md")
+    write_text(model / "README.md", card(run_dir, stage_dir).content)  # atomic: sweep array tasks may race
     return model / "README.md"
