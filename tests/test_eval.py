@@ -19,6 +19,7 @@ from pipeline.evaluate import run_eval, settings, write_tasks
 
 pytestmark = pytest.mark.slow
 METRIC = "tiny_gsm/exact_match,strict-match"
+FLEX = "tiny_gsm/exact_match,flexible-extract"  # a few steps of training already score on it
 GSM8K_DIR = ROOT.parent / "shared" / "data" / "gsm8k"
 
 
@@ -31,15 +32,15 @@ def gated_run(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("gated")
     # sft's floor cannot be met (a warning verdict, the chain goes on); midtrain's gates always pass
     proc = _run(out, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.01",
-                f"midtrain.gate.metric={METRIC}", "midtrain.gate.min=0.0", "midtrain.gate.max_drop=1.0")
+                f"midtrain.gate.metric={FLEX}", "midtrain.gate.min=0.0", "midtrain.gate.max_drop=1.0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "tiny"
 
 
-def _outcomes(run: Path, stage: str) -> dict[int, float]:
+def _outcomes(run: Path, stage: str, metric: str) -> dict[int, float]:
     lines = (run / "stages" / stage / "eval/samples_tiny_gsm.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
-    return {int(r["doc_id"]): r["exact_match"] for r in rows if r["filter"] == "strict-match"}
+    return {int(r["doc_id"]): r["exact_match"] for r in rows if r["filter"] == metric.partition(",")[2]}
 
 
 def test_every_checkpoint_is_scored_and_gated(gated_run):
@@ -55,13 +56,14 @@ def test_every_checkpoint_is_scored_and_gated(gated_run):
         assert {r["doc_id"] for r in rows} == set(range(50)) and {r["filter"] for r in rows} == {"strict-match",
                                                                                                "flexible-extract"}
         assert "<|im_start|>assistant" in rows[0]["arguments"][0][0]
-        assert ev["metrics"][METRIC] == pytest.approx(sum(_outcomes(gated_run, stage).values()) / 50)
+        for metric in (METRIC, FLEX):
+            assert ev["metrics"][metric] == pytest.approx(sum(_outcomes(gated_run, stage, metric).values()) / 50)
     sft = json.loads((gated_run / "stages/01-sft/stage.json").read_text())["gate"]
     assert sft["verdict"] == "warn" and not sft["passed"] and f"{sft['value']:.4f} < min 1.0100" in sft["reason"]
     mid = json.loads((gated_run / "stages/02-midtrain/stage.json").read_text())["gate"]
     assert mid["verdict"] == "pass" and mid["previous"]["checkpoint"] == "01-sft"
     # the drop is judged problem by problem against 01-sft: recompute the paired difference from the samples
-    before, after = _outcomes(gated_run, "01-sft"), _outcomes(gated_run, "02-midtrain")
+    before, after = _outcomes(gated_run, "01-sft", FLEX), _outcomes(gated_run, "02-midtrain", FLEX)
     d = [after[i] - before[i] for i in range(50)]
     se = statistics.stdev(d) / math.sqrt(50)
     assert mid["paired"]["n"] == 50 and mid["paired"]["diff"] == pytest.approx(statistics.mean(d))
