@@ -32,8 +32,8 @@ def _drop_reason(value: float, previous: tuple[str, float], max_drop: float, pai
     drop, se = -paired["diff"], paired["se"]
     z = drop / se if se > 0 else float("inf") if drop > 0 else 0.0
     low = drop - Z_ONE_SIDED * se
-    text = (f"dropped {drop:.3f} +- {se:.3f} (paired SE, n={paired['n']}) from {before:.4f} ({name}), z={z:.2f}; "
-            f"95% lower bound {low:.3f}")
+    text = (f"{'dropped' if drop >= 0 else 'rose'} {abs(drop):.3f} +- {se:.3f} (paired SE, n={paired['n']}) from "
+            f"{before:.4f} ({name}), z={z:.2f}; 95% lower bound of the drop {low:.3f}")
     if low > max_drop:
         return True, f"{text} > max_drop {max_drop:.3f}"
     return False, f"{text} <= max_drop {max_drop:.3f}" + (" (within noise)" if drop > max_drop else "")

@@ -107,6 +107,7 @@ def metric_names(table: list[dict]) -> list[str]:
 STYLE = ("body{font-family:sans-serif;margin:1.5em;max-width:1200px}table{border-collapse:collapse;font-size:13px}"
          "th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f3f4f6}"
          "#leaderboard{width:100%}#leaderboard td,#leaderboard th{overflow-wrap:anywhere}tr.fail td{background:#fee2e2}"
+         "#leaderboard :is(td,th):nth-child(-n+2){white-space:nowrap;overflow-wrap:normal}"
          ".scroll{overflow-x:auto}.scroll td,.scroll th{white-space:nowrap}.chart svg{max-width:100%;height:auto}"
          ".reason{color:#555;font-size:12px}")
 
