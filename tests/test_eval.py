@@ -117,7 +117,7 @@ def test_html_renders_in_a_real_browser_at_1280px_without_sideways_scroll(gated_
     assert headline.count("<tr") == 1 + 3 and "01-sft" in headline and "warn" in headline
     assert " \u00b1 " in headline  # every metric with its stderr
     chart = dom[dom.index('id="charts"'):]
-    assert chart.count("<svg") == 1 and METRIC in chart and "01-sft" in chart  # the gate metric per stage
+    assert chart.count("<svg") == 2 and METRIC in chart and FLEX in chart and "01-sft" in chart  # each gated metric
     assert "<polyline" not in dom and 'id="details"' in dom  # no line joining checkpoints; hyperparameters folded
 
 
