@@ -279,6 +279,9 @@ class RunConfig:
     grpo: GrpoConfig = arg("GRPO through TRL",
                            factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
     hub_mirror: str = arg("a folder of local Hub dataset copies, <owner>/<repo>/...: `hub:` sources read from it", "")
+    report_to: list[str] = arg("trackers transformers supports: tensorboard, wandb, trackio, ...", factory=list)
+    push_to_hub: bool = arg("each trainer pushes its checkpoint (transformers' push_to_hub; needs a Hub login)", False)
+    hub_model_id: str = arg("push_to_hub: a stage pushes to <hub_model_id>-<NN-name>[-<candidate>]", "")
 
 
 STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (

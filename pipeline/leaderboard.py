@@ -3,8 +3,11 @@
     python -m pipeline.leaderboard RUN_DIR [RUN_DIR ...] --out DIR
 
 writes `leaderboard.{csv,json,md,html}` to DIR; several runs combine into one table. The
-orchestrator calls the same code after every stage. The HTML is self-contained (inline styles and
-an inline SVG plot of each metric across checkpoints; no network).
+orchestrator calls the same code after every stage. The HTML is self-contained (inline styles,
+matplotlib charts as inline SVG; no network) and fits 1280 px without sideways scrolling: a headline
+table (one row per stage: metrics with stderr, gate verdict), the gate metric per stage with 95%
+error bars, a beta x learning-rate heatmap per sweep (soup, merge and the selected candidate
+marked), and every column of every checkpoint and candidate in a collapsible details table.
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ import io
 import json
 from pathlib import Path
 
+from pipeline import charts, stats
 from pipeline.files import read_json, write_json, write_text
 
 HYPER = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
          "gradient_accumulation_steps", "beta", "loss_type")
-FORMATS = ("csv", "json", "md", "html")
 
 
-def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict | None = None) -> dict:
+def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict | None = None,
+         paired: dict | None = None) -> dict:
     config, metrics, ev = config or record.get("config") or {}, record.get("metrics") or {}, record["eval"]
     row = {"run": run.name, "checkpoint": checkpoint, "stage": record.get("stage", ""), "candidate": candidate}
     row.update({k: config[k] for k in HYPER if k in config})
@@ -36,6 +40,9 @@ def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict 
     row["prompt_format"] = ev.get("prompt_format", "")  # base and stages may be scored on different formats
     gate = record.get("gate")
     row["gate"] = f"{gate['verdict']}: {gate['reason']}" if gate else ""
+    row["gate_metric"] = gate["metric"] if gate else ""
+    if paired:
+        row["vs input (paired)"] = stats.describe(paired)
     row.update(tokens=metrics.get("tokens"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
                padding_fraction=metrics.get("padding_fraction"),
                train_wall_time_s=record.get("wall_time_s"), eval_wall_time_s=ev.get("wall_time_s"))
@@ -53,7 +60,10 @@ def rows(run_dirs: list[Path]) -> list[dict]:
                 selected = (record.get("metrics") or {}).get("selected")  # a sweep: show the winner's settings
                 config = (cands.get(selected) or {}).get("config") if selected else None
                 out.append(_row(run, record, stage_dir.name, f"selected: {selected}" if selected else "", config))
-            out += [_row(run, c, stage_dir.name, name) for name, c in cands.items() if c and c.get("eval")]
+            listed = ((record or {}).get("metrics") or {}).get("candidates", [])
+            vs = {c["candidate"]: c.get("vs_input") for c in listed}
+            out += [_row(run, c, stage_dir.name, name, paired=vs.get(name)) for name, c in cands.items()
+                    if c and c.get("eval")]
     return out
 
 
@@ -95,50 +105,73 @@ def metric_names(table: list[dict]) -> list[str]:
     return [c for c in columns(table) if "/" in c and not c.endswith(" stderr")]
 
 
-def _plot(table: list[dict], metric: str, width: int = 520, height: int = 220) -> str:
-    pad = 40
-    points = [(i, r[metric]) for i, r in enumerate(table) if isinstance(r.get(metric), (int, float))]
-    top = max([v for _, v in points] + [1e-9]) * 1.1
-    n = max(len(table) - 1, 1)
-
-    def xy(i: int, v: float) -> tuple[float, float]:
-        return pad + i * (width - 2 * pad) / n, height - pad - v / top * (height - 2 * pad)
-
-    parts = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'role="img" aria-label="{html.escape(metric)}">',
-             f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#888"/>',
-             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#888"/>',
-             f'<text x="{pad}" y="16" font-size="12">{html.escape(metric)}</text>',
-             f'<text x="2" y="{pad + 4}" font-size="10">{top:.3g}</text>']
-    runs = {r["run"] for r in table}
-    for run in sorted(runs):
-        coords = [xy(i, v) for i, v in points if table[i]["run"] == run]
-        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
-        parts.append(f'<polyline fill="none" stroke="#2563eb" stroke-width="2" points="{path}"/>')
-        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="#2563eb"/>' for x, y in coords]
-    for i, row in enumerate(table):
-        x, _ = xy(i, 0)
-        label = row["checkpoint"] + (f"/{row['candidate']}" if row["candidate"] else "")
-        parts.append(f'<text x="{x:.1f}" y="{height - pad + 14}" font-size="9" text-anchor="middle">'
-                     f"{html.escape(label)}</text>")
-    return "".join(parts) + "</svg>"
+STYLE = ("body{font-family:sans-serif;margin:1.5em;max-width:1200px}table{border-collapse:collapse;font-size:13px}"
+         "th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f3f4f6}"
+         "#leaderboard{width:100%}#leaderboard td,#leaderboard th{overflow-wrap:anywhere}tr.fail td{background:#fee2e2}"
+         "#leaderboard :is(td,th):nth-child(-n+2){white-space:nowrap;overflow-wrap:normal}"
+         ".scroll{overflow-x:auto}.scroll td,.scroll th{white-space:nowrap}.chart svg{max-width:100%;height:auto}"
+         ".reason{color:#555;font-size:12px}")
 
 
-def to_html(table: list[dict]) -> str:
-    """A self-contained HTML page: the table and one inline SVG plot per metric."""
+def _label(table: list[dict]):
+    several = len({r["run"] for r in table}) > 1
+    return lambda r: f"{r['run']}/{r['checkpoint']}" if several else r["checkpoint"]
+
+
+def _fail(row: dict) -> str:
+    return ' class="fail"' if str(row.get("gate", "")).startswith(("fail", "warn")) else ""
+
+
+def _with_stderr(row: dict, metric: str) -> str:
+    value, err = row.get(metric), row.get(f"{metric} stderr")
+    if not isinstance(value, (int, float)):
+        return ""
+    return f"{value:.3f}" + (f" \u00b1 {err:.3f}" if isinstance(err, (int, float)) else "")
+
+
+def _verdict(row: dict) -> str:
+    verdict, _, reason = str(row.get("gate") or "").partition(": ")
+    return f"<b>{html.escape(verdict)}</b> <span class=reason>{html.escape(reason)}</span>" if verdict else ""
+
+
+def _headline(stages: list[dict], metrics: list[str], label) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["checkpoint", "selected", *metrics, "gate"])
+    body = "".join(f"<tr{_fail(r)}><td>{html.escape(label(r))}</td>"
+                   f"<td>{html.escape(r['candidate'].removeprefix('selected: '))}</td>"
+                   + "".join(f"<td>{_with_stderr(r, m)}</td>" for m in metrics)
+                   + f"<td>{_verdict(r)}</td></tr>" for r in stages)
+    return f'<table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _details(table: list[dict]) -> str:
     cols = columns(table)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr" + (' class="fail"' if str(r.get("gate", "")).startswith(("fail", "warn")) else "") + ">"
-        + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in table)
-    plots = "".join(_plot(table, m) for m in metric_names(table))
-    style = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
-             "th,td{border:1px solid #ccc;padding:3px 6px;text-align:left}th{background:#f3f4f6}"
-             "tr.fail td{background:#fee2e2}.plot{margin:1em 1em 0 0;border:1px solid #eee}")
-    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Leaderboard</title>"
-            f"<style>{style}</style></head><body><h1>Leaderboard</h1>"
-            f"<table id=\"leaderboard\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            f"<div id=\"plots\">{plots}</div></body></html>\n")
+    body = "".join(f"<tr{_fail(r)}>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>"
+                   for r in table)
+    return ('<details id="details"><summary>Every checkpoint and sweep candidate: hyperparameters, paired '
+            f'differences, throughput</summary><div class="scroll"><table><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div></details>")
+
+
+def _sweeps(run_dirs: list[Path]) -> list[Path]:
+    """Stage folders of sweep stages (candidates, one of them selected), in run order."""
+    return [d for run in map(Path, run_dirs) for d in sorted((run / "stages").glob("*"))
+            if ((read_json(d / "stage.json") or {}).get("metrics") or {}).get("selected")]
+
+
+def to_html(table: list[dict], run_dirs: list[Path]) -> str:
+    """The self-contained page: headline table, charts (inline SVG), details table."""
+    stages = [r for r in table if not r["candidate"] or r["candidate"].startswith("selected")]
+    metrics, label = metric_names(table), _label(table)
+    gated = [m for m in metrics if any(r.get("gate_metric") == m for r in table)] or metrics
+    svgs = [charts.metric_per_stage(stages, m, label) for m in gated]
+    svgs += [charts.sweep_heatmap(d) for d in _sweeps(run_dirs)]
+    runs = ", ".join(sorted({r["run"] for r in table}))
+    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>Leaderboard</title><style>{STYLE}</style>'
+            f"</head><body><h1>Leaderboard</h1><p>Run {html.escape(runs)}: one row per stage; \u00b1 is lm-eval's "
+            f"standard error.</p>{_headline(stages, metrics, label)}"
+            f"<div id=\"charts\">{''.join(f'<div class=chart>{c}</div>' for c in svgs)}</div>"
+            f"{_details(table)}</body></html>\n")
 
 
 def export(run_dirs: list[Path], out: Path) -> list[dict]:
@@ -148,7 +181,7 @@ def export(run_dirs: list[Path], out: Path) -> list[dict]:
     write_text(out / "leaderboard.csv", to_csv(table))
     write_json(out / "leaderboard.json", {"columns": columns(table), "rows": table})
     write_text(out / "leaderboard.md", to_markdown(table))
-    write_text(out / "leaderboard.html", to_html(table))
+    write_text(out / "leaderboard.html", to_html(table, run_dirs))
     return table
 
 

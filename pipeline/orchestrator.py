@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import evaluate, gates, leaderboard, manifest, preempt, sweep
+from pipeline import evaluate, gates, leaderboard, manifest, modelcard, preempt, stats, sweep
 from pipeline.basemodel import base_model, check_model_path
 from pipeline.config import ConfigError, stage_section
 from pipeline.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
@@ -126,11 +126,16 @@ class Run:
         if record.eval:
             metric = self.cfg[d.name].gate.metric
             previous = next(((c, m[metric]) for c, m in reversed(self.history) if metric in m), None)
-            verdict = gates.judge(self.cfg[d.name].gate, record.scores(), previous)
+            paired = stats.paired_difference(stats.eval_dir(d.dir.parent / previous[0]), stats.eval_dir(d.dir),
+                                             metric) if previous else None
+            verdict = gates.judge(self.cfg[d.name].gate, record.scores(), previous, paired)
             self.history.append((d.dir.name, record.scores()))
         # the main process decides alone whether to write (a reused stage keeps its file untouched); every rank waits
         changed, record.gate = record.gate != verdict, verdict
         record.write(d.dir, changed)
+        with main_writes() as main:
+            if main:
+                modelcard.write(self.root, d.dir)
         self.export()
         return verdict
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import merge
+from pipeline import merge, stats
 from pipeline.config import ConfigError, grid
 from pipeline.distributed import main_writes
 from pipeline.files import atomic_dir, fingerprint
@@ -123,8 +123,11 @@ def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> T
         if main:
             with atomic_dir(ctx.stage_dir / "model") as tmp:
                 shutil.copytree(selected.output_model, tmp, dirs_exist_ok=True)
-    table = [{"candidate": r.candidate, metric or "metric": _value(r, metric)} for r in candidates]
-    log.info("selected candidate %s by %s: %s", selected.candidate, metric or "(single candidate)", table)
+    table = [{"candidate": r.candidate, metric or "metric": _value(r, metric),
+              "vs_input": stats.versus_input(ctx.stage_dir, Path(r.output_model).parent / "eval", metric)}
+             for r in candidates]
+    log.info("selected candidate %s by %s: %s", selected.candidate, metric or "(single candidate)",
+             ", ".join(f"{row['candidate']}={row[metric or 'metric']:.4f}" for row in table))
     metrics = {**(selected.metrics or ranked[0].metrics), "selected": selected.candidate,
                "selected_by": metric or None, "tie_rule": TIE_RULE, "candidates": table}
     return Trained(metrics, selected.eval)

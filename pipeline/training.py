@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
-from pipeline import preempt
+from pipeline import preempt, tracking
 from pipeline.config import ConfigError
 from pipeline.distributed import is_main, main_writes, trainer_state_args
 from pipeline.files import commit_dir, read_json
@@ -95,7 +95,7 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
         seed=seed,
         bf16=use_bf16(precision),
         use_cpu=not torch.cuda.is_available(),
-        report_to="none",
+        **tracking.trainer_args(work_dir),  # report_to, run_name, push_to_hub: the run's settings
         disable_tqdm=not (is_main() and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
         **trainer_state_args(),
     )

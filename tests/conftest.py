@@ -1,8 +1,10 @@
-"""Shared fixtures: offline Hub, a tiny-recipe runner on the real CLI, one cache for all tests."""
+"""Shared fixtures: offline Hub, a tiny-recipe runner on the real CLI, one cache for all tests, a browser."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +51,36 @@ def run_cli(*args: str, launcher: list[str] | None = None, env: dict | None = No
     cmd = [*(launcher or [sys.executable]), str(ROOT / "pipeline" / "run.py"), *args]
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def render_in_chromium(page: Path, tmp: Path, width: int = 1280, height: int = 2400) -> tuple[int, Path, str]:
+    """Render an HTML file in headless Chromium at `width` px: (document scroll width, screenshot, DOM).
+
+    The scroll width is read by a script run on a copy of the page (written into the dumped DOM);
+    a value above `width` means the page scrolls sideways. Skips (fails on CI) without Chromium.
+    """
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it)")
+        pytest.skip("chromium is not installed")
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp / 'profile'}",
+             f"--window-size={width},{height}"]
+    probe = tmp / "probe.html"
+    probe.write_text(page.read_text().replace(
+        "</body>", "<script>document.body.dataset.scrollWidth = document.documentElement.scrollWidth</script></body>"))
+    dom = subprocess.run([*flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    shot = tmp / "screenshot.png"
+    subprocess.run([*flags, f"--screenshot={shot}", page.resolve().as_uri()], capture_output=True, timeout=120)
+    found = re.search(r'data-scroll-width="(\d+)"', dom)
+    assert found and shot.is_file(), dom[-2000:]
+    return int(found.group(1)), shot, dom
+
+
+def ink(png: Path) -> float:
+    """The fraction of a screenshot's pixels that are not white (0: a blank page)."""
+    from PIL import Image
+
+    gray = Image.open(png).convert("L")
+    return sum(1 for v in gray.getdata() if v < 250) / (gray.width * gray.height)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, run_cli
+from conftest import FAST, ink, render_in_chromium, run_cli
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from trl import DPOTrainer
 
@@ -56,6 +57,27 @@ def test_sweep_trains_four_candidates_then_soup_and_merge_and_selects_the_best(s
     assert all(torch.equal(chosen[k], final[k]) for k in final)
     rows = json.loads((run / "leaderboard.json").read_text())["rows"]
     assert {r["candidate"] for r in rows if r["checkpoint"] == "03-dpo"} >= set(names)
+
+
+def test_selection_reports_each_candidate_against_the_input_with_its_interval(sweep_run, tmp_path):
+    run, _, _ = sweep_run
+    stage = json.loads((run / "stages/03-dpo/stage.json").read_text())
+    start = json.loads((run / "stages/02-midtrain/stage.json").read_text())["eval"]["metrics"][METRIC]
+    for row in stage["metrics"]["candidates"]:
+        paired = row["vs_input"]  # the same 50 problems: the mean of the differences is the difference of the means
+        assert paired["n"] == 50 and paired["diff"] == pytest.approx(row[METRIC] - start)
+        assert paired["ci_low"] <= paired["diff"] <= paired["ci_high"] and 0 <= paired["p_value"] <= 1
+    assert stage["gate"]["paired"]["diff"] == pytest.approx(stage["eval"]["metrics"][METRIC] - start)
+    selected = stage["metrics"]["selected"]
+    card = ModelCard.load(run / "stages/03-dpo/model/README.md")
+    assert "## Selection" in card.text and f"| {selected} (selected) |" in card.text
+    assert "| 02-midtrain | tiny_midtrain" in card.text and "beta=" in card.text
+    scroll_width, shot, dom = render_in_chromium(run / "leaderboard.html", tmp_path)
+    assert scroll_width <= 1280 and ink(shot) > 0.01
+    charts = dom[dom.index('id="charts"'):dom.index('id="details"')]
+    assert charts.count("<svg") == 2  # the gate metric per stage, the beta x lr heatmap
+    heatmap = charts[charts.rindex("<svg"):]
+    assert "soup" in heatmap and "merge" in heatmap and f"selected {selected}" in heatmap
 
 
 def test_candidates_change_parameters_and_raise_the_margin(sweep_run):

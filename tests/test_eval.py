@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import csv
-import io
 import json
-import os
+import math
 import shutil
-import subprocess
+import statistics
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, run_cli
+from conftest import FAST, ROOT, ink, render_in_chromium, run_cli
+from huggingface_hub import ModelCard
 
 from pipeline import leaderboard
 from pipeline.config import load_config
@@ -19,6 +19,7 @@ from pipeline.evaluate import run_eval, settings, write_tasks
 
 pytestmark = pytest.mark.slow
 METRIC = "tiny_gsm/exact_match,strict-match"
+FLEX = "tiny_gsm/exact_match,flexible-extract"  # a few steps of training already score on it
 GSM8K_DIR = ROOT.parent / "shared" / "data" / "gsm8k"
 
 
@@ -29,10 +30,17 @@ def _run(out: Path, cache_dir: Path, *args: str):
 @pytest.fixture(scope="module")
 def gated_run(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("gated")
-    proc = _run(out, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=0.0",
-                f"midtrain.gate.metric={METRIC}", "midtrain.gate.min=0.0", "midtrain.gate.max_drop=1.0")
+    # sft's floor cannot be met (a warning verdict, the chain goes on); midtrain's gates always pass
+    proc = _run(out, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.01",
+                f"midtrain.gate.metric={FLEX}", "midtrain.gate.min=0.0", "midtrain.gate.max_drop=1.0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "tiny"
+
+
+def _outcomes(run: Path, stage: str, metric: str) -> dict[int, float]:
+    lines = (run / "stages" / stage / "eval/samples_tiny_gsm.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    return {int(r["doc_id"]): r["exact_match"] for r in rows if r["filter"] == metric.partition(",")[2]}
 
 
 def test_every_checkpoint_is_scored_and_gated(gated_run):
@@ -43,15 +51,39 @@ def test_every_checkpoint_is_scored_and_gated(gated_run):
         ev = record["eval"]
         assert 0.0 <= ev["metrics"][METRIC] <= 1.0 and METRIC in ev["stderr"]
         assert ev["samples"] == {"tiny_gsm": 50} and "tiny_gsm" in ev["task_configs"]
-        assert record["gate"]["verdict"] == "pass"
         samples = (gated_run / "stages" / stage / "eval" / "samples_tiny_gsm.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in samples]  # one row per problem and answer filter
         assert {r["doc_id"] for r in rows} == set(range(50)) and {r["filter"] for r in rows} == {"strict-match",
                                                                                                "flexible-extract"}
         assert "<|im_start|>assistant" in rows[0]["arguments"][0][0]
-    mid = json.loads((gated_run / "stages/02-midtrain/stage.json").read_text())
-    assert mid["gate"]["previous"]["checkpoint"] == "01-sft"
+        for metric in (METRIC, FLEX):
+            assert ev["metrics"][metric] == pytest.approx(sum(_outcomes(gated_run, stage, metric).values()) / 50)
+    sft = json.loads((gated_run / "stages/01-sft/stage.json").read_text())["gate"]
+    assert sft["verdict"] == "warn" and not sft["passed"] and f"{sft['value']:.4f} < min 1.0100" in sft["reason"]
+    mid = json.loads((gated_run / "stages/02-midtrain/stage.json").read_text())["gate"]
+    assert mid["verdict"] == "pass" and mid["previous"]["checkpoint"] == "01-sft"
+    # the drop is judged problem by problem against 01-sft: recompute the paired difference from the samples
+    before, after = _outcomes(gated_run, "01-sft", FLEX), _outcomes(gated_run, "02-midtrain", FLEX)
+    d = [after[i] - before[i] for i in range(50)]
+    se = statistics.stdev(d) / math.sqrt(50)
+    assert mid["paired"]["n"] == 50 and mid["paired"]["diff"] == pytest.approx(statistics.mean(d))
+    assert mid["paired"]["se"] == pytest.approx(se)
+    change = "dropped" if statistics.mean(d) <= 0 else "rose"
+    assert f"{change} {abs(statistics.mean(d)):.3f} +- {se:.3f} (paired SE, n=50) from" in mid["reason"]
     assert (gated_run / "eval_tasks" / "tiny_gsm.yaml").is_file()
+
+
+def test_each_checkpoint_has_a_model_card(gated_run):
+    for stage in ("01-sft", "02-midtrain"):
+        card = ModelCard.load(gated_run / "stages" / stage / "model/README.md")
+        record = json.loads((gated_run / "stages" / stage / "stage.json").read_text())
+        results = {f"{r.dataset_type}/{r.metric_name}": r.metric_value for r in card.data.eval_results}
+        assert results == record["eval"]["metrics"] and card.data.model_name == f"tiny/{stage}"
+        assert f"| {stage} | tiny_sft" in card.text or f"| {stage} | tiny_midtrain" in card.text
+        assert f"{record['eval']['metrics'][METRIC]:.4f} +- {record['eval']['stderr'][METRIC]:.4f}" in card.text
+    final = ModelCard.load(gated_run / "stages/02-midtrain/model/README.md").text
+    assert "| 01-sft | tiny_sft (sft) | learning_rate=0.001, max_steps=30" in final  # the whole chain
+    assert "| 00-base |" in final and "warn: " in final
 
 
 def test_leaderboard_formats_agree_and_rebuild_is_identical(gated_run, tmp_path):
@@ -77,26 +109,16 @@ def test_leaderboard_combines_runs(gated_run, tmp_path):
     assert len(table) == 6 and {r["run"] for r in table} == {"tiny", "other"}
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def test_html_renders_in_a_real_browser(gated_run, tmp_path):
-    browser = _chromium()
-    if browser is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs it)")
-        pytest.skip("chromium is not installed")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'p'}"]
-    url = (gated_run / "leaderboard.html").resolve().as_uri()
-    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-    assert dom.count("<tr") == 1 + 3  # header + one row per checkpoint
-    assert dom.count("<polyline") >= 1 and "01-sft" in dom and METRIC in dom
-    shot = tmp_path / "shot.png"
-    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1200,900", url],
-                   capture_output=True, timeout=120)
-    assert shot.is_file() and shot.stat().st_size > 5000
+def test_html_renders_in_a_real_browser_at_1280px_without_sideways_scroll(gated_run, tmp_path):
+    scroll_width, shot, dom = render_in_chromium(gated_run / "leaderboard.html", tmp_path)
+    assert scroll_width <= 1280
+    assert ink(shot) > 0.01  # not blank: text, table borders and the chart
+    headline = dom[dom.index('id="leaderboard"'):dom.index("</table>")]
+    assert headline.count("<tr") == 1 + 3 and "01-sft" in headline and "warn" in headline
+    assert " \u00b1 " in headline  # every metric with its stderr
+    chart = dom[dom.index('id="charts"'):]
+    assert chart.count("<svg") == 2 and METRIC in chart and FLEX in chart and "01-sft" in chart  # each gated metric
+    assert "<polyline" not in dom and 'id="details"' in dom  # no line joining checkpoints; hyperparameters folded
 
 
 def test_gate_stop_halts_the_chain_with_exit_3(tmp_path, cache_dir):
@@ -126,11 +148,32 @@ def test_gate_on_a_metric_the_eval_does_not_produce_fails_at_start(tmp_path, cac
 
 @pytest.mark.skipif(not GSM8K_DIR.is_dir(), reason="../shared/data/gsm8k is not beside this checkout")
 def test_gsm8k_from_local_files_scores_a_real_checkpoint(gated_run, tmp_path):
-    cfg = load_config(["recipe=tiny", "eval.tasks=[gsm8k_local]", "eval.num_fewshot=0", "eval.limit=4",
-                       "eval.max_gen_toks=16", f"eval.gsm8k_dir={GSM8K_DIR}", f"output_root={tmp_path}"])
-    tasks = write_tasks(cfg, tmp_path / "tasks")
-    result = run_eval(gated_run / "stages/01-sft/model", settings(cfg, "sft"), tasks, tmp_path / "eval", cfg.model)
-    assert isinstance(result["metrics"]["gsm8k_local/exact_match,strict-match"], float)
-    assert result["samples"] == {"gsm8k_local": 4}
-    first = json.loads(io.StringIO((tmp_path / "eval/samples_gsm8k_local.jsonl").read_text()).readline())
-    assert first["doc"]["question"].startswith("Janet")  # the real GSM8K test set, first problem
+    """Scores the real GSM8K test file, then items whose answers are known: the same questions twice, once with
+    the answer the checkpoint gives (right by construction) and once with one it cannot give (wrong)."""
+    def score(gsm_dir: Path, limit: int, out: str) -> tuple[dict, list[dict]]:
+        cfg = load_config(["recipe=tiny", "eval.tasks=[gsm8k_local]", "eval.num_fewshot=0", f"eval.limit={limit}",
+                           "eval.max_gen_toks=32", f"eval.gsm8k_dir={gsm_dir}", f"output_root={tmp_path}"])
+        tasks = write_tasks(cfg, tmp_path / out / "tasks")
+        result = run_eval(gated_run / "stages/01-sft/model", settings(cfg, "sft"), tasks, tmp_path / out, cfg.model)
+        lines = (tmp_path / out / "samples_gsm8k_local.jsonl").read_text().splitlines()
+        return result, [r for r in map(json.loads, lines) if r["filter"] == "flexible-extract"]
+
+    real, samples = score(GSM8K_DIR, 4, "real")
+    assert real["samples"] == {"gsm8k_local": 4}
+    assert samples[0]["doc"]["question"].startswith("Janet") and samples[0]["target"].endswith("#### 18")
+    said = [r["filtered_resps"][0] for r in sorted(samples, key=lambda r: r["doc_id"])]  # last number of each answer
+    assert samples[0]["exact_match"] == float(said[0].strip("$.").replace(",", "") == "18")  # Janet makes $18
+    right = [a for a in said if a != "[invalid]"]
+    assert right, f"the checkpoint wrote no number at all: {said}"
+    known = tmp_path / "known"
+    known.mkdir()
+    items = [{"question": r["doc"]["question"], "answer": f"... #### {a}"} for r, a in zip(samples, said, strict=True)]
+    items += [{"question": r["doc"]["question"], "answer": "... #### -987654321"} for r in samples]
+    (known / "test.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
+    shutil.copy(GSM8K_DIR / "train.jsonl", known / "train.jsonl")
+    result, rescored = score(known, 0, "known")
+    assert result["samples"] == {"gsm8k_local": 8}
+    assert result["metrics"]["gsm8k_local/exact_match,flexible-extract"] == pytest.approx(len(right) / 8)
+    assert [r["exact_match"] for r in sorted(rescored, key=lambda r: r["doc_id"])][4:] == [0.0] * 4
+    real_right = sum(r["exact_match"] for r in samples) / 4  # the real score: the checkpoint's answers vs GSM8K's
+    assert real["metrics"]["gsm8k_local/exact_match,flexible-extract"] == pytest.approx(real_right)

@@ -1,0 +1,77 @@
+"""Paired comparison of two evaluated checkpoints from their per-problem results (lm-eval's samples).
+
+`run_eval` keeps `<eval dir>/samples_<task>.jsonl`: one row per problem and answer filter, with its
+`doc_id` and the metric's per-problem value. Two checkpoints scored on the same problems are compared
+problem by problem: d_i = b_i - a_i over the shared doc_ids, diff = mean(d), se = sd(d) / sqrt(n)
+(the paired standard error; it is much smaller than the two unpaired stderrs combined when the
+checkpoints get mostly the same problems right), a 95% normal interval diff +- 1.96 se and the
+two-sided p-value of z = diff / se. For 0/1 metrics this z-test is the large-sample McNemar test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from pipeline.files import read_json
+
+Z95 = 1.959964  # two-sided 95% normal quantile
+
+
+def per_problem(eval_dir: Path, metric: str) -> dict[int, float]:
+    """`{doc_id: value}` of `metric` (`<task>/<metric>,<filter>`) read from `eval_dir/samples_<task>.jsonl`;
+    empty when the file does not exist."""
+    task, _, rest = metric.partition("/")
+    name, _, filt = rest.partition(",")
+    path = Path(eval_dir) / f"samples_{task}.jsonl"
+    if not path.is_file():
+        return {}
+    rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return {int(r["doc_id"]): float(r[name]) for r in rows if r.get("filter", "none") == filt and name in r}
+
+
+def paired_difference(a_dir: Path, b_dir: Path, metric: str) -> dict | None:
+    """`b - a` on the problems both eval folders scored: {diff, se, ci_low, ci_high, n, p_value}
+    (95% normal interval, two-sided p); None when they share no problem for `metric`."""
+    a, b = per_problem(a_dir, metric), per_problem(b_dir, metric)
+    shared = sorted(set(a) & set(b))
+    n = len(shared)
+    if n == 0:
+        return None
+    d = [b[i] - a[i] for i in shared]
+    diff = sum(d) / n
+    se = math.sqrt(sum((x - diff) ** 2 for x in d) / (n - 1) / n) if n > 1 else 0.0
+    if se > 0:
+        p = math.erfc(abs(diff / se) / math.sqrt(2))
+    else:  # every problem moved by the same amount: no noise left to test against
+        p = 1.0 if diff == 0 else 0.0
+    return {"diff": diff, "se": se, "ci_low": diff - Z95 * se, "ci_high": diff + Z95 * se, "n": n, "p_value": p}
+
+
+def eval_dir(stage_dir: Path) -> Path:
+    """Where a stage's scored model kept its samples: `eval/`, or a sweep's selected candidate's `eval/`."""
+    selected = ((read_json(Path(stage_dir) / "stage.json") or {}).get("metrics") or {}).get("selected")
+    return Path(stage_dir) / "candidates" / selected / "eval" if selected else Path(stage_dir) / "eval"
+
+
+def input_stage(stage_dir: Path) -> Path | None:
+    """The stage folder (in the same run, `00-base` included) whose output model is this stage's input."""
+    stage_dir = Path(stage_dir)
+    wanted = (read_json(stage_dir / "stage.json") or {}).get("input_model")
+    others = [p for p in sorted(stage_dir.parent.glob("*")) if p != stage_dir]
+    return next((p for p in others if wanted and (read_json(p / "stage.json") or {}).get("output_model") == wanted),
+                None)
+
+
+def versus_input(stage_dir: Path, candidate_eval: Path, metric: str) -> dict | None:
+    """The paired difference of a scored candidate (its eval folder) to the stage's input checkpoint on
+    `metric`; None without a metric, an evaluated input checkpoint or shared problems."""
+    source = input_stage(stage_dir) if metric else None
+    return paired_difference(eval_dir(source), candidate_eval, metric) if source else None
+
+
+def describe(p: dict) -> str:
+    """`+0.030 +- 0.012 (paired SE, n=200), 95% CI [+0.006, +0.054], p=0.012`."""
+    return (f"{p['diff']:+.3f} +- {p['se']:.3f} (paired SE, n={p['n']}), 95% CI [{p['ci_low']:+.3f}, "
+            f"{p['ci_high']:+.3f}], p={p['p_value']:.3g}")
