@@ -87,6 +87,11 @@ class OptimConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    nonfinite_limit: int = field(default=10, metadata={"help": "optimizer steps with a NaN/inf loss or gradient "
+                                 "that are skipped (counted in the stage metrics) before the stage stops (exit 2)"})
+    use_liger_kernel: bool = field(default=False, metadata={"help": "Liger's fused Triton kernels (RMSNorm, RoPE, "
+                                   "SwiGLU, fused linear cross-entropy): less memory at long context; CUDA and the "
+                                   "liger-kernel package only"})
 
 
 @dataclass
@@ -98,6 +103,11 @@ class TrainConfig(OptimConfig):
     packing_strategy: str = "bfd"  # bfd | bfd_split | wrapped
     assistant_only_loss: bool = True
     sampling: str = "random"  # random | group_by_length: batches of similar lengths, less padding (see README)
+    activation_offloading: bool = field(default=False, metadata={"help": "TRL's activation offloading: saved "
+                                        "activations go to CPU memory during the forward pass (streams, double "
+                                        "buffered) and come back for the backward; for long sequences"})
+    num_proc: int = field(default=1, metadata={"help": "processes tokenising this stage's rows (datasets map "
+                          "num_proc); progress is logged in rows/s"})
 
 
 @dataclass
@@ -147,6 +157,8 @@ class DpoConfig(OptimConfig):
     sweep: SweepConfig = field(default_factory=SweepConfig)
     soup: SoupConfig = field(default_factory=SoupConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
+    activation_offloading: bool = field(default=False, metadata={"help": "TRL's activation offloading of saved "
+                                        "activations to CPU memory (see sft.activation_offloading)"})
 
 
 def _midtrain_defaults() -> TrainConfig:
@@ -203,9 +215,12 @@ class ModelConfig:
     name_or_path: str = "HuggingFaceTB/SmolLM3-3B-Base"  # Hub id, local checkpoint, or `tiny`
     tokenizer: str = ""  # defaults to name_or_path
     chat_template: str = ""  # path to a Jinja template; empty keeps the tokenizer's
-    precision: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | bf16 | fp32
+    precision: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | bf16 (also CPU) | fp16 (CUDA) | fp32
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
+    load_dtype: str = field(default="auto", metadata={"help": "dtype the weights load in: auto (fp32 master weights "
+                            "with bf16/fp16 autocast; the training dtype under DeepSpeed, which keeps FP32 masters) | "
+                            "fp32 | bf16 (pure bf16 weights and optimizer states: half the memory, less precise)"})
 
 
 @dataclass
@@ -264,6 +279,9 @@ class RunConfig:
     ppo: PpoConfig = field(default_factory=lambda: PpoConfig(learning_rate=1e-6, lr_scheduler_type="constant",
                                                              max_steps=100))
     grpo: GrpoConfig = field(default_factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
+    collective_timeout_s: int = field(default=18000, metadata={"help": "timeout of every collective (process-group "
+                                      "waits, all-reduces) in seconds; 5 h as in SmolLM3's configs. Data preparation "
+                                      "is not under it: the other ranks wait for the cache folder on disk"})
 
 
 STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (
@@ -272,7 +290,8 @@ CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
     "sampling": ("random", "group_by_length"),
-    "precision": ("auto", "bf16", "fp32"),
+    "precision": ("auto", "bf16", "fp16", "fp32"),
+    "load_dtype": ("auto", "fp32", "bf16"),
     "action": ("stop", "warn"),
     "reward": ("verifiable", "model"),
     "kl_estimator": ("k1", "k3"),

@@ -243,7 +243,7 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     if not torch.cuda.is_available():  # accelerate launch pins CPU runs to 1 thread; share the cores instead
         share = (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         torch.set_num_threads(int(os.environ.get("PIPELINE_CPU_THREADS", 0)) or max(1, share))
-    state = process_state()
+    state = process_state(cfg.collective_timeout_s)
     if cfg.model.name_or_path != "tiny":
         check_model_path(cfg.model.name_or_path)
     root = run_dir(cfg)

@@ -29,7 +29,8 @@ from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unse
 from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import is_chat_template_stop_token_trained
 
-from pipeline import preempt, tokcache
+from pipeline import precision as prec
+from pipeline import preempt, prep, tokcache
 from pipeline.config import ConfigError
 from pipeline.files import commit_dir, read_json
 from pipeline.telemetry import MEMORY_LIMIT, Telemetry
@@ -37,16 +38,6 @@ from pipeline.telemetry import MEMORY_LIMIT, Telemetry
 MFU_ALERT = 0.30  # warn below this model FLOPs utilisation (GPU only: CPUs have no MFU)
 
 log = logging.getLogger("pipeline")
-
-
-def use_bf16(precision: str) -> bool:
-    """Whether to train in bf16: `auto` picks it on GPUs that support it, fp32 elsewhere."""
-    if precision == "fp32":
-        return False
-    has_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if precision == "bf16" and not has_bf16:
-        raise ConfigError("model.precision=bf16 but this machine has no bf16-capable GPU; use auto or fp32")
-    return has_bf16
 
 
 def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
@@ -81,17 +72,19 @@ def deepspeed_on() -> bool:
     return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
 
 
-def process_state() -> PartialState:
-    """The process group, created once per process before any trainer.
+def process_state(timeout_s: int) -> PartialState:
+    """The process group, created once per process before any trainer, with collectives timing out after
+    `timeout_s` (every trainer reuses this group: their own `ddp_timeout` never applies).
 
     DeepSpeed without CUDA (PLATFORM.md): accelerate would pick no backend and fill DeepSpeed's "auto"
     batch sizes for a world size of 1, so the state is created over gloo first and every trainer
     reuses it (`common_args`). Otherwise a plain state (CPU processes over gloo when there is no GPU).
     """
+    timeout = prep.collective_timeout(timeout_s)
     if deepspeed_on() and not torch.cuda.is_available():
         warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")  # per DeepSpeed call
-        return PartialState(backend="gloo")
-    return PartialState(cpu=not torch.cuda.is_available())
+        return PartialState(backend="gloo", timeout=timeout)
+    return PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
 
 
 def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
@@ -115,7 +108,8 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
         save_steps=stage.save_steps,
         save_total_limit=2,
         seed=seed,
-        bf16=use_bf16(precision),
+        **prec.trainer_flags(precision),
+        **prec.memory_args(stage),
         use_cpu=not torch.cuda.is_available(),
         report_to="none",
         disable_tqdm=not (PartialState().is_main_process and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
@@ -167,9 +161,9 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
 
 
 def load_model(path: str | Path, model_cfg: Any):
-    """A causal LM from a checkpoint, in the training precision."""
+    """A causal LM from a checkpoint: fp32 master weights, or the dtype `precision.load_dtype` picks."""
     return AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.bfloat16 if use_bf16(model_cfg.precision) else torch.float32, use_safetensors=True,
+        path, dtype=prec.load_dtype(model_cfg, deepspeed_on()), use_safetensors=True,
         attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
 
 
@@ -183,7 +177,7 @@ def lora_config(stage: Any):
                       target_modules=stage.lora.target_modules, task_type="CAUSAL_LM")
 
 
-def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
+def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int) -> dict:
     """Train (resuming from the last checkpoint in the trainer's output folder), save a full checkpoint
     to `out_dir/model` atomically, drop the intermediate checkpoints, and return the training metrics.
 
@@ -197,6 +191,8 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
         log.info("resuming %s from %s", out_dir.name, resume)
     trainer.add_callback(preempt.PreemptCallback())
     telemetry = Telemetry().attach(trainer)
+    guard = prec.NonFiniteGuard(nonfinite_limit)
+    trainer.add_callback(guard)
     with disk_errors_explained(out_dir / "model"):
         result = trainer.train(resume_from_checkpoint=resume)
         preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
@@ -211,7 +207,7 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
         shutil.rmtree(work_dir, ignore_errors=True)
     state.wait_for_everyone()
     tokens = int(trainer.state.num_input_tokens_seen)
-    precision = "bf16" if trainer.args.bf16 else "fp32"
+    precision = "bf16" if trainer.args.bf16 or trainer.args.fp16 else "fp32"  # fp16 peaks equal bf16's
     tele = telemetry.summary(trainer.model, tokens, runtime, precision, state.num_processes)
     if tele["mfu"] is not None and tele["mfu"] < MFU_ALERT:
         log.warning("%s: MFU %.1f%% is under %.0f%% (compute %.1f s, data wait %.1f s, saving %.1f s)", out_dir.name,
@@ -227,6 +223,7 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
         "train_runtime_s": round(runtime, 2),
         "tokens_per_s": round(tokens / max(runtime, 1e-9), 1) if tokens else None,
         "resumed_from": resume,
+        "nonfinite_steps": guard.count,
         "wall_time_s": round(time.time() - started, 2),
         **parallelism(trainer.accelerator),
         **tele,
@@ -238,7 +235,7 @@ def parallelism(accelerator: Any) -> dict:
     """How the trainer really ran: its world size, distributed type and ZeRO stage (None without DeepSpeed)."""
     plugin = accelerator.state.deepspeed_plugin
     return {"world_size": accelerator.num_processes, "distributed_type": accelerator.distributed_type.value,
-            "zero_stage": plugin.zero_stage if plugin else None}
+            "zero_stage": plugin.zero_stage if plugin else None, "collective_timeout_s": prep.group_timeout_s()}
 
 
 def last_complete_checkpoint(work_dir: Path) -> str | None:
@@ -275,7 +272,7 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
     args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision)  # first: ZeRO-3 then shards the load
     trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=lora_config(stage))
-    return {**fit(trainer, tok, stage_dir), "truncated_rows": truncated}
+    return {**fit(trainer, tok, stage_dir, stage.nonfinite_limit), "truncated_rows": truncated}
 
 
 def _save(trainer: Any, tok: Any, out: Path, merge_lora: bool) -> None:

@@ -122,7 +122,7 @@ def _with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:
 
 
 def _train(ctx: StageContext, tok: Any, pairs: Any, cand: dict, out: Path) -> dict:
-    return fit(_trainer(ctx, tok, pairs, cand, out / "work"), tok, out)
+    return fit(_trainer(ctx, tok, pairs, cand, out / "work"), tok, out, ctx.stage.nonfinite_limit)
 
 
 def _score(ctx: StageContext, record: dict, out: Path) -> dict:

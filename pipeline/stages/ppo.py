@@ -25,9 +25,10 @@ from pipeline.config import ConfigError, cache_dir
 from pipeline.data import load_mixture
 from pipeline.files import commit_dir, write_text
 from pipeline.ppo import PPOLoop, ValueModel
+from pipeline.precision import load_dtype, mixed_precision
 from pipeline.rewards import as_chat, resolve_reward_model, reward_function, verifiable
 from pipeline.stage import StageContext
-from pipeline.training import load_model, load_tokenizer, lora_config, use_bf16
+from pipeline.training import load_model, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
 
@@ -82,7 +83,7 @@ def run(ctx: StageContext) -> dict:
     stage, cfg = ctx.stage, ctx.cfg
     if stage.reward == "model" or stage.value_init == "reward_model":
         resolve_reward_model(stage.reward_model, ctx.stage_dir)  # fail early with a clear message
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision(cfg.model.precision))
     tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
     data = load_mixture(stage.mixture, cfg)
     if "prompt" not in data.column_names or (stage.reward == "verifiable" and "answer" not in data.column_names):
@@ -99,7 +100,7 @@ def run(ctx: StageContext) -> dict:
         texts = tok.batch_decode(responses, skip_special_tokens=True)
         return score([r["prompt"] for r in rows], texts, [r["answer"] for r in rows])
 
-    dtype = torch.bfloat16 if use_bf16(cfg.model.precision) else torch.float32
+    dtype = load_dtype(cfg.model, deepspeed=False)  # ppo refuses DeepSpeed
     policy = load_model(ctx.input_model, cfg.model).to(accelerator.device)
     policy.generation_config.pad_token_id = tok.pad_token_id
     ref = None

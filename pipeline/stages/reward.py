@@ -18,9 +18,10 @@ from trl import RewardTrainer
 
 from pipeline.config import ConfigError
 from pipeline.data import load_mixture
+from pipeline.precision import load_dtype
 from pipeline.rewards import as_chat
 from pipeline.stage import StageContext
-from pipeline.training import common_args, fit, load_tokenizer, lora_config, use_bf16
+from pipeline.training import common_args, deepspeed_on, fit, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
 
@@ -58,7 +59,7 @@ def run(ctx: StageContext) -> dict:
     split = data.train_test_split(test_size=held, seed=cfg.seed, shuffle=True)
     train, test = split["train"], [dict(r) for r in split["test"]]
     model = AutoModelForSequenceClassification.from_pretrained(
-        ctx.input_model, num_labels=1, dtype=torch.bfloat16 if use_bf16(cfg.model.precision) else torch.float32)
+        ctx.input_model, num_labels=1, dtype=load_dtype(cfg.model, deepspeed_on()))
     model.config.pad_token_id = tok.pad_token_id
     state = PartialState()
     before = pair_accuracy(model, tok, test) if state.is_main_process else None
@@ -66,7 +67,7 @@ def run(ctx: StageContext) -> dict:
                            center_rewards_coefficient=stage.center_rewards_coefficient or None)
     trainer = RewardTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                             peft_config=lora_config(stage))
-    metrics = fit(trainer, tok, ctx.stage_dir)
+    metrics = fit(trainer, tok, ctx.stage_dir, stage.nonfinite_limit)
     if state.is_main_process:
         trained = AutoModelForSequenceClassification.from_pretrained(ctx.stage_dir / "model", num_labels=1)
         after = pair_accuracy(trained, tok, test)
