@@ -71,6 +71,9 @@ def memory_args(stage: Any) -> dict:
         raise ConfigError("use_liger_kernel=true needs a CUDA GPU (Liger's kernels are Triton); set it false on CPU")
     if stage.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
         raise ConfigError("use_liger_kernel=true but liger-kernel is not installed: pip install liger-kernel")
+    if stage.get("activation_offloading") and not torch.cuda.is_available():
+        raise ConfigError("activation_offloading=true needs a CUDA GPU (TRL moves activations from the accelerator to "
+                          "CPU memory); set it false on CPU")
     offload = {"activation_offloading": stage.activation_offloading} if "activation_offloading" in stage else {}
     return {"use_liger_kernel": stage.use_liger_kernel, **offload}
 
