@@ -1,7 +1,9 @@
 """Data preparation at scale: the collective timeout, and waits that are not collectives.
 
-Every process group the pipeline creates (`training.process_state`: plain, gloo on CPU, DeepSpeed's) times
-out after `collective_timeout_s` (default 5 h, as SmolLM3's published configs). Preparing a mixture can
+The run's process group (`training.process_state`: plain, gloo on CPU, or DeepSpeed's `init_distributed`),
+which every trainer reuses, times out after `collective_timeout_s` (default 5 h, as SmolLM3's published
+configs); groups DeepSpeed clones from it for ZeRO take torch's default (10 min NCCL, 30 min gloo), but
+only its training collectives run on them. Preparing a mixture can
 take longer still, so it never runs under a collective: the main process of the world prepares (the cache
 folder lives under `cache_dir`, which like the run folder must be on a filesystem every node shares, so
 once per world is once per node too), and the other ranks poll for the finished folder, which appears
@@ -13,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -22,12 +23,6 @@ log = logging.getLogger("pipeline")
 
 POLL_S = 1.0
 SLOW_PREP_ENV = "PIPELINE_TEST_SLOW_PREP_S"  # test hook: seconds the main process sleeps while preparing
-
-
-def collective_timeout(seconds: int) -> timedelta:
-    """The process-group timeout; DeepSpeed's own groups read `DEEPSPEED_TIMEOUT` (minutes) when it loads."""
-    os.environ.setdefault("DEEPSPEED_TIMEOUT", str(max(1, -(-seconds // 60))))
-    return timedelta(seconds=seconds)
 
 
 def group_timeout_s() -> float | None:

@@ -17,6 +17,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,7 @@ def process_state(timeout_s: int) -> PartialState:
     batch sizes for a world size of 1, so the state is created over gloo first and every trainer
     reuses it (`common_args`). Otherwise a plain state (CPU processes over gloo when there is no GPU).
     """
-    timeout = prep.collective_timeout(timeout_s)
+    timeout = timedelta(seconds=timeout_s)
     if deepspeed_on() and not torch.cuda.is_available():
         warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")  # per DeepSpeed call
         return PartialState(backend="gloo", timeout=timeout)
