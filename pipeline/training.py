@@ -184,16 +184,14 @@ def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int) -> dict:
 
     Runs collectively on every rank; only the main process writes files.
     """
-    state = PartialState()
-    started = time.time()
+    state, started = PartialState(), time.time()
     work_dir = Path(trainer.args.output_dir)
     resume = last_complete_checkpoint(work_dir)
     if resume:
         log.info("resuming %s from %s", out_dir.name, resume)
     trainer.add_callback(preempt.PreemptCallback())
     telemetry = Telemetry().attach(trainer)
-    guard = prec.NonFiniteGuard(nonfinite_limit)
-    trainer.add_callback(guard)
+    trainer.add_callback(guard := prec.NonFiniteGuard(nonfinite_limit))  # skips and counts non-finite steps
     with disk_errors_explained(out_dir / "model"):
         result = trainer.train(resume_from_checkpoint=resume)
         preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
