@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -22,11 +23,31 @@ RECIPES_DIR = ROOT / "recipes"
 MIXTURES_DIR = ROOT / "data_mixtures"
 
 
-def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None) -> Any:
-    """A config field with its help text (`metadata={"help": ...}`, as TRL's configs have; `help=true` lists it)."""
+def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None, added: bool = False) -> Any:
+    """A config field with its help text (`metadata={"help": ...}`, as TRL's configs have; `help=true` lists it).
+
+    `added`: a field newer than existing run folders. Left at its default it is not part of any fingerprint
+    (`fingerprint_view`), so those folders still resume.
+    """
+    meta = {"help": help, "added": added}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def fingerprint_view(values: dict, schema: type) -> dict:
+    """A config section as fingerprints hash it: `values` without the `added` fields of `schema` (a config
+    dataclass) that still hold their defaults, in nested sections too."""
+    types, out = typing.get_type_hints(schema), dict(values)
+    for f in fields(schema):
+        if f.name not in out:
+            continue
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if f.metadata.get("added") and out[f.name] == default:
+            del out[f.name]
+        elif is_dataclass(types[f.name]) and isinstance(out[f.name], dict):
+            out[f.name] = fingerprint_view(out[f.name], types[f.name])
+    return out
 
 
 class ConfigError(ValueError):
@@ -54,7 +75,8 @@ class EvalConfig:
     apply_chat_template: bool | None = arg("true for instruct checkpoints, false for base models", None)
     include_path: str | None = arg("a folder of extra lm-eval task YAMLs", None)
     gsm8k_dir: str | None = arg("GSM8K train.jsonl / test.jsonl folder (task gsm8k_local); empty: openai/gsm8k", None)
-    chat_template_kwargs: Any = arg("a mapping passed to the chat template, e.g. {enable_thinking: false}", None)
+    chat_template_kwargs: Any = arg("a mapping passed to the chat template, e.g. {enable_thinking: false}", None,
+                                    added=True)
 
 
 def _eval_defaults() -> EvalConfig:
@@ -97,6 +119,11 @@ class OptimConfig:
     lora: LoraConfig = arg("LoRA adapter settings (r = 0: full fine-tuning)", factory=LoraConfig)
     eval: EvalConfig = arg("this stage's lm-eval settings over the top-level eval (null: inherit)", factory=EvalConfig)
     gate: GateConfig = arg("the gate judged after this stage's evaluation", factory=GateConfig)
+    nonfinite_limit: int = arg("optimizer steps with a NaN/inf loss or gradient that are skipped (counted in the stage "
+                               "metrics) before the stage stops (exit 2)", 10, added=True)
+    use_liger_kernel: bool = arg("Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy): "
+                                 "less memory at long context; CUDA and the liger-kernel package only", False,
+                                 added=True)
 
 
 @dataclass
@@ -108,6 +135,11 @@ class TrainConfig(OptimConfig):
     packing_strategy: str = arg("bfd | bfd_split | wrapped", "bfd")
     assistant_only_loss: bool = arg("train only on assistant turns (needs format=chat)", True)
     sampling: str = arg("random | group_by_length: batches of similar lengths, less padding (see README)", "random")
+    activation_offloading: bool = arg("TRL's activation offloading: saved activations go to CPU memory during the "
+                                      "forward pass and come back for the backward; for long sequences (CUDA)", False,
+                                      added=True)
+    num_proc: int = arg("processes tokenising this stage's rows (datasets map num_proc); progress in rows/s", 1,
+                        added=True)
 
 
 @dataclass
@@ -157,6 +189,8 @@ class DpoConfig(OptimConfig):
     sweep: SweepConfig = arg("a beta x learning-rate grid of candidates", factory=SweepConfig)
     soup: SoupConfig = arg("a uniform average of the best candidates, as one more candidate", factory=SoupConfig)
     merge: MergeConfig = arg("a linear merge with an earlier stage's model, as one more candidate", factory=MergeConfig)
+    activation_offloading: bool = arg("TRL's activation offloading of saved activations to CPU memory (CUDA)", False,
+                                      added=True)
 
 
 def _midtrain_defaults() -> TrainConfig:
@@ -214,9 +248,13 @@ class ModelConfig:
     name_or_path: str = arg("Hub id, local checkpoint, or `tiny`", "HuggingFaceTB/SmolLM3-3B-Base")
     tokenizer: str = arg("defaults to name_or_path", "")
     chat_template: str = arg("path to a Jinja template; empty keeps the tokenizer's", "")
-    precision: str = arg("auto (bf16 on GPUs that have it, else fp32) | bf16 | fp32", "auto")
+    precision: str = arg("auto (bf16 on GPUs that have it, else fp32) | bf16 (also CPU autocast) | fp16 (CUDA, dynamic "
+                         "loss scaling) | fp32; autocast over fp32 master weights (see load_dtype)", "auto")
     attn_implementation: str = arg("attention kernel (sdpa, eager, flash_attention_2, ...)", "sdpa")
     trust_remote_code: bool = arg("allow model code from the Hub", False)
+    load_dtype: str = arg("dtype the weights load in: auto (fp32 master weights with bf16/fp16 autocast; the training "
+                          "dtype under DeepSpeed, which keeps FP32 masters) | fp32 | bf16 (pure bf16 weights and "
+                          "optimizer states: half the memory, less precise)", "auto", added=True)
 
 
 @dataclass
@@ -282,6 +320,9 @@ class RunConfig:
     report_to: list[str] = arg("trackers transformers supports: tensorboard, wandb, trackio, ...", factory=list)
     push_to_hub: bool = arg("each trainer pushes its checkpoint (transformers' push_to_hub; needs a Hub login)", False)
     hub_model_id: str = arg("push_to_hub: a stage pushes to <hub_model_id>-<NN-name>[-<candidate>]", "")
+    collective_timeout_s: int = arg("timeout of every collective (process-group waits, all-reduces) in seconds; 5 h as "
+                                    "in SmolLM3's configs. Data preparation is not under it: the other ranks wait "
+                                    "for the cache folder on disk", 18000)
 
 
 STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (
@@ -290,7 +331,8 @@ CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
     "sampling": ("random", "group_by_length"),
-    "precision": ("auto", "bf16", "fp32"),
+    "precision": ("auto", "bf16", "fp16", "fp32"),
+    "load_dtype": ("auto", "fp32", "bf16"),
     "action": ("stop", "warn"),
     "reward": ("verifiable", "model"),
     "kl_estimator": ("k1", "k3"),
@@ -467,7 +509,7 @@ def cache_dir(cfg: DictConfig) -> Path:
 
 def stage_section(cfg: DictConfig, name: str) -> dict:
     """A stage's training config as a plain dict (for fingerprints and stage.json): no eval, no gate."""
-    section = OmegaConf.to_container(cfg[name], resolve=True)
+    section = fingerprint_view(OmegaConf.to_container(cfg[name], resolve=True), OmegaConf.get_type(cfg[name]))
     if "sweep" in section:
         del section["sweep"]["candidate"]  # which candidate one job trains does not change the stage
     return {k: v for k, v in section.items() if k not in ("eval", "gate")}

@@ -8,6 +8,7 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 
 import torch
 from accelerate import PartialState
@@ -19,17 +20,19 @@ def deepspeed_on() -> bool:
     return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
 
 
-def process_state() -> PartialState:
-    """The process group, created once per process before any trainer.
+def process_state(timeout_s: int) -> PartialState:
+    """The process group, created once per process before any trainer, with collectives timing out after
+    `timeout_s` (every trainer reuses this group: their own `ddp_timeout` never applies).
 
     DeepSpeed without CUDA (PLATFORM.md): accelerate would pick no backend and fill DeepSpeed's "auto"
     batch sizes for a world size of 1, so the state is created over gloo first and every trainer
     reuses it (`trainer_state_args`). Otherwise a plain state (CPU processes over gloo when there is no GPU).
     """
+    timeout = timedelta(seconds=timeout_s)
     if deepspeed_on() and not torch.cuda.is_available():
         warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")  # per DeepSpeed call
-        return PartialState(backend="gloo")
-    return PartialState(cpu=not torch.cuda.is_available())
+        return PartialState(backend="gloo", timeout=timeout)
+    return PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
 
 
 def trainer_state_args() -> dict:

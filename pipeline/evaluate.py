@@ -145,14 +145,14 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.training import model_dtype
+    from pipeline.precision import inference_dtype
 
     started = time.time()
     cuda = torch.cuda.is_available()
     # A loaded model rather than a path: lm-eval then starts no Accelerator of its own, which in a multi-process
     # launch would share the samples with ranks that are not evaluating (GPUs) or take on DeepSpeed's settings.
     model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=model_dtype(model_cfg.precision),
+        model_path, dtype=inference_dtype(model_cfg.precision),
         trust_remote_code=model_cfg.trust_remote_code).to("cuda" if cuda else "cpu")
     tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
     fmt = prompt_format(ev)

@@ -160,7 +160,7 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
 
     _refuse_ppo_under_deepspeed(cfg)
     share_cpu_threads()
-    state = process_state()
+    state = process_state(cfg.collective_timeout_s)
     check_model_path(cfg)
     root, candidate = run_dir(cfg), cfg.dpo.sweep.candidate
     # a single sweep candidate (a Slurm array task): array tasks share the run folder, one lock each

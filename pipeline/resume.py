@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import data, evaluate
 from pipeline.basemodel import base_settings
-from pipeline.config import ConfigError, stage_section
+from pipeline.config import ConfigError, EvalConfig, ModelConfig, fingerprint_view, stage_section
 from pipeline.files import fingerprint
 from pipeline.runfolder import StageRecord, finished, stage_dir
 
@@ -36,12 +36,13 @@ class StageDecision:
 def base_fingerprint(cfg: DictConfig) -> str:
     """The base model's fingerprint: its settings (and a built model's settings)."""
     # the key stays "tiny", so that existing run folders keep their fingerprints and resume
-    return fingerprint({"model": OmegaConf.to_container(cfg.model), "tiny": base_settings(cfg)})
+    model = fingerprint_view(OmegaConf.to_container(cfg.model), ModelConfig)
+    return fingerprint({"model": model, "tiny": base_settings(cfg)})
 
 
 def eval_fingerprint(upstream: str, ev: dict) -> str | None:
     """The fingerprint of scoring the checkpoint `upstream` with eval settings `ev`; None without tasks."""
-    return fingerprint({"checkpoint": upstream, "eval": ev}) if ev["tasks"] else None
+    return fingerprint({"checkpoint": upstream, "eval": fingerprint_view(ev, EvalConfig)}) if ev["tasks"] else None
 
 
 def _changes(old: dict, new: dict, prefix: str) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import transformers
 import trl
 from trl.data_utils import _tokenize
 
+from pipeline import prep
 from pipeline.config import ConfigError
 from pipeline.distributed import main_writes
 from pipeline.files import atomic_dir, fingerprint
@@ -78,10 +80,14 @@ def tokenise_text(row: dict, tok: Any) -> dict:
 
 def tokenise(dataset: Any, stage: Any, tok: Any) -> Any:
     """Tokenise every row for the stage's format; refuse chat rows with no assistant token to learn."""
+    started, procs = time.monotonic(), stage.num_proc if stage.num_proc > 1 else None
     if stage.format == "text":
-        return dataset.map(tokenise_text, fn_kwargs={"tok": tok}, remove_columns=dataset.column_names)
+        out = dataset.map(tokenise_text, fn_kwargs={"tok": tok}, remove_columns=dataset.column_names, num_proc=procs)
+        prep.log_rate("tokenised", len(out), started)
+        return out
     out = dataset.map(tokenise_chat, fn_kwargs={"tok": tok, "assistant_only_loss": stage.assistant_only_loss},
-                      remove_columns=dataset.column_names)
+                      remove_columns=dataset.column_names, num_proc=procs)
+    prep.log_rate("tokenised", len(out), started)
     if stage.assistant_only_loss:
         empty = [i for i, mask in enumerate(out["assistant_masks"]) if 1 not in mask]
         if empty:
@@ -91,7 +97,8 @@ def tokenise(dataset: Any, stage: Any, tok: Any) -> Any:
 
 
 def tokenised(dataset: Any, stage: Any, tok: Any, cache_dir: Path, name: str) -> Any:
-    """`dataset` tokenised for `stage`, from the cache or tokenised now and stored (main process writes)."""
+    """`dataset` tokenised for `stage`, from the cache or tokenised now and stored: the main process writes, the
+    others wait for the folder on disk (see `prep`: tokenising may outlast any collective), then load it."""
     path = Path(cache_dir) / "tokenized" / cache_key(dataset, stage, tok)
     with main_writes() as main:
         if main and path.is_dir():
@@ -99,6 +106,9 @@ def tokenised(dataset: Any, stage: Any, tok: Any, cache_dir: Path, name: str) ->
         elif main:
             log.info("%s: tokenised data: cache miss, tokenising %d rows into %s", name, len(dataset), path)
             tokens = tokenise(dataset, stage, tok)
+            prep.slow_down_for_tests()
             with atomic_dir(path) as tmp:
                 tokens.save_to_disk(str(tmp))
+        else:
+            prep.wait_for_dir(path, f"{name}'s tokenised data")
     return datasets.load_from_disk(str(path))

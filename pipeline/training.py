@@ -21,30 +21,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
-from pipeline import preempt, tracking
+from pipeline import precision as prec
+from pipeline import preempt, prep, tracking
 from pipeline.config import ConfigError
-from pipeline.distributed import is_main, main_writes, trainer_state_args
+from pipeline.distributed import deepspeed_on, is_main, main_writes, trainer_state_args
 from pipeline.files import commit_dir, read_json
 from pipeline.telemetry import MEMORY_LIMIT, Telemetry
 
 MFU_ALERT = 0.30  # warn below this model FLOPs utilisation (GPU only: CPUs have no MFU)
 
 log = logging.getLogger("pipeline")
-
-
-def use_bf16(precision: str) -> bool:
-    """Whether to train in bf16: `auto` picks it on GPUs that support it, fp32 elsewhere."""
-    if precision == "fp32":
-        return False
-    has_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if precision == "bf16" and not has_bf16:
-        raise ConfigError("model.precision=bf16 but this machine has no bf16-capable GPU; use auto or fp32")
-    return has_bf16
-
-
-def model_dtype(precision: str) -> torch.dtype:
-    """The dtype models are loaded in for `model.precision` (see `use_bf16`)."""
-    return torch.bfloat16 if use_bf16(precision) else torch.float32
 
 
 def with_pad_token(tok: Any) -> Any:
@@ -65,9 +51,9 @@ def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
 
 
 def load_model(path: str | Path, model_cfg: Any):
-    """A causal LM from a checkpoint, in the training precision."""
+    """A causal LM from a checkpoint: fp32 master weights, or the dtype `precision.load_dtype` picks."""
     return AutoModelForCausalLM.from_pretrained(
-        path, dtype=model_dtype(model_cfg.precision), use_safetensors=True,
+        path, dtype=prec.load_dtype(model_cfg, deepspeed_on()), use_safetensors=True,
         attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
 
 
@@ -93,7 +79,8 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
         save_steps=stage.save_steps,
         save_total_limit=2,
         seed=seed,
-        bf16=use_bf16(precision),
+        **prec.trainer_flags(precision),
+        **prec.memory_args(stage),
         use_cpu=not torch.cuda.is_available(),
         **tracking.trainer_args(work_dir),  # report_to, run_name, push_to_hub: the run's settings
         disable_tqdm=not (is_main() and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
@@ -131,7 +118,7 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
     return result, resume
 
 
-def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
+def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int) -> dict:
     """Train (resuming from the last checkpoint in the trainer's output folder), save a full checkpoint
     to `out_dir/model` atomically, drop the intermediate checkpoints, and return the training metrics.
 
@@ -139,12 +126,13 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
     """
     started = time.time()
     telemetry = Telemetry().attach(trainer)
+    trainer.add_callback(guard := prec.NonFiniteGuard(nonfinite_limit))  # skips and counts non-finite steps
     result, resume = _train(trainer, tok, out_dir, telemetry)
     runtime = result.metrics.get("train_runtime", 0.0)
     history = trainer.state.log_history
     losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
     tokens = int(trainer.state.num_input_tokens_seen)
-    precision = "bf16" if trainer.args.bf16 else "fp32"
+    precision = "bf16" if trainer.args.bf16 or trainer.args.fp16 else "fp32"  # fp16 peaks equal bf16's
     tele = telemetry.summary(trainer.model, tokens, runtime, precision, trainer.accelerator.num_processes)
     if tele["mfu"] is not None and tele["mfu"] < MFU_ALERT:
         log.warning("%s: MFU %.1f%% is under %.0f%% (compute %.1f s, data wait %.1f s, saving %.1f s)", out_dir.name,
@@ -160,6 +148,7 @@ def fit(trainer: Any, tok: Any, out_dir: Path) -> dict:
         "train_runtime_s": round(runtime, 2),
         "tokens_per_s": round(tokens / max(runtime, 1e-9), 1) if tokens else None,
         "resumed_from": resume,
+        "nonfinite_steps": guard.count,
         "wall_time_s": round(time.time() - started, 2),
         **parallelism(trainer.accelerator),
         **tele,
@@ -171,7 +160,7 @@ def parallelism(accelerator: Any) -> dict:
     """How the trainer really ran: its world size, distributed type and ZeRO stage (None without DeepSpeed)."""
     plugin = accelerator.state.deepspeed_plugin
     return {"world_size": accelerator.num_processes, "distributed_type": accelerator.distributed_type.value,
-            "zero_stage": plugin.zero_stage if plugin else None}
+            "zero_stage": plugin.zero_stage if plugin else None, "collective_timeout_s": prep.group_timeout_s()}
 
 
 def last_complete_checkpoint(work_dir: Path) -> str | None:

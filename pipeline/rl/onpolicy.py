@@ -9,8 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.gsm import is_correct
+from pipeline.precision import inference_dtype
 from pipeline.rl.generation import generate
-from pipeline.training import model_dtype, with_pad_token
+from pipeline.training import with_pad_token
 
 Chat = list[dict]
 
@@ -46,7 +47,7 @@ def on_policy_pairs(model_path: str | Path, prompts: list[Chat], answers: list[s
                     temperature: float, batch_size: int, seed: int) -> tuple[list[dict], dict]:
     """Load the model at `model_path` (bf16 on capable GPUs, fp32 otherwise), sample and build pairs."""
     tokenizer = with_pad_token(AutoTokenizer.from_pretrained(model_path))
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=model_dtype("auto"))
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=inference_dtype("auto"))
     if torch.cuda.is_available():
         model.to("cuda")
     samples = sample_answers(model, tokenizer, prompts, k, max_new_tokens, temperature, batch_size, seed)

@@ -112,7 +112,7 @@ def with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:
 
 def train_candidate(ctx: StageContext, tok: Any, pairs: Any) -> dict:
     """Train one model on `pairs` into `ctx.out_dir/model` (checkpoints in `work/`); return the training metrics."""
-    return fit(trainer(ctx, tok, pairs, ctx.out_dir / "work"), tok, ctx.out_dir)
+    return fit(trainer(ctx, tok, pairs, ctx.out_dir / "work"), tok, ctx.out_dir, ctx.stage.nonfinite_limit)
 
 
 def run(ctx: StageContext) -> dict:

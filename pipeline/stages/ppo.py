@@ -21,11 +21,12 @@ from transformers import AutoModelForSequenceClassification
 
 from pipeline.distributed import main_writes
 from pipeline.files import write_text
+from pipeline.precision import load_dtype, mixed_precision
 from pipeline.rl.actor_critic import PPOLoop, ValueModel
 from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, resolve_reward_model, reward_function
 from pipeline.runfolder import StageContext
-from pipeline.training import load_model, load_tokenizer, lora_config, model_dtype, save_checkpoint
+from pipeline.training import load_model, load_tokenizer, lora_config, save_checkpoint
 
 log = logging.getLogger("pipeline")
 SUMMARY = ("reward_mean", "reward_std", "kl", "entropy", "clipfrac", "approx_kl", "value_loss", "explained_variance",
@@ -37,7 +38,7 @@ def _value_model(ctx: StageContext, pad_id: int) -> ValueModel:
     source = ctx.input_model if stage.value_init == "policy" else resolve_reward_model(stage.reward_model,
                                                                                       ctx.stage_dir)
     classifier = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1,
-                                                                    dtype=model_dtype(ctx.cfg.model.precision))
+                                                                    dtype=load_dtype(ctx.cfg.model, deepspeed=False))
     classifier.config.pad_token_id = pad_id
     if stage.value_init == "policy":
         torch.nn.init.zeros_(classifier.score.weight)  # start from V = 0 rather than random values
@@ -85,7 +86,7 @@ def run(ctx: StageContext) -> dict:
     stage, cfg = ctx.stage, ctx.cfg
     if stage.reward == "model" or stage.value_init == "reward_model":
         resolve_reward_model(stage.reward_model, ctx.stage_dir)  # fail early with a clear message
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision(cfg.model.precision))
     tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
     prompts, score = _prompts(ctx, tok), reward_function(stage, ctx.stage_dir, accelerator.device)
 

@@ -17,10 +17,11 @@ from trl import RewardTrainer
 
 from pipeline.config import ConfigError
 from pipeline.data import load_mixture
-from pipeline.distributed import is_main
+from pipeline.distributed import deepspeed_on, is_main
+from pipeline.precision import load_dtype
 from pipeline.rl.rewards import RewardModel, as_chat
 from pipeline.runfolder import StageContext
-from pipeline.training import common_args, fit, load_tokenizer, lora_config, model_dtype
+from pipeline.training import common_args, fit, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
 
@@ -55,7 +56,7 @@ def run(ctx: StageContext) -> dict:
     split = data.train_test_split(test_size=held, seed=cfg.seed, shuffle=True)
     train, test = split["train"], [dict(r) for r in split["test"]]
     model = AutoModelForSequenceClassification.from_pretrained(ctx.input_model, num_labels=1,
-                                                               dtype=model_dtype(cfg.model.precision))
+                                                               dtype=load_dtype(cfg.model, deepspeed_on()))
     model.config.pad_token_id = tok.pad_token_id
     main = is_main()
     before = pair_accuracy(model, tok, test) if main else None
@@ -63,7 +64,7 @@ def run(ctx: StageContext) -> dict:
                            center_rewards_coefficient=stage.center_rewards_coefficient or None)
     trainer = RewardTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                             peft_config=lora_config(stage))
-    metrics = fit(trainer, tok, ctx.out_dir)
+    metrics = fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit)
     if main:
         trained = AutoModelForSequenceClassification.from_pretrained(ctx.out_dir / "model", num_labels=1)
         after = pair_accuracy(trained, tok, test)

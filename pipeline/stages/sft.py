@@ -88,7 +88,7 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
     args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision)  # first: ZeRO-3 then shards the load
     trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=lora_config(stage))
-    return {**fit(trainer, tok, stage_dir), "truncated_rows": truncated}
+    return {**fit(trainer, tok, stage_dir, stage.nonfinite_limit), "truncated_rows": truncated}
 
 
 def run(ctx: StageContext) -> dict:
