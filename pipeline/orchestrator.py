@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import data, evaluate, gates, leaderboard, manifest, preempt
+from pipeline import chat, data, evaluate, gates, leaderboard, manifest, preempt
 from pipeline.config import ConfigError, cache_dir, stage_section
 from pipeline.files import RunLock, fingerprint, read_json, write_json, write_text
 
@@ -283,6 +283,7 @@ def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
         evaluate.write_tasks(cfg, chain.tasks_dir)
     state.wait_for_everyone()
     check_gates(cfg, chain.tasks_dir)
+    chat.check_chain(cfg)
     if main:
         write_text(root / "resolved.yaml", OmegaConf.to_yaml(cfg))
         write_json(root / "manifest.json", manifest.build(cfg, argv, {s.name: s.data for s in stages}, root))

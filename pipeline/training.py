@@ -27,9 +27,8 @@ from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 from trl import SFTConfig, SFTTrainer
-from trl.chat_template_utils import is_chat_template_stop_token_trained
 
-from pipeline import preempt, tokcache
+from pipeline import chat, preempt, tokcache
 from pipeline.config import ConfigError
 from pipeline.files import commit_dir, read_json
 from pipeline.telemetry import MEMORY_LIMIT, Telemetry
@@ -50,12 +49,11 @@ def use_bf16(precision: str) -> bool:
 
 
 def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
-    """Load a tokenizer; check it has a chat template (with generation markers) when one is needed."""
+    """Load a tokenizer with `model.chat_template` applied; check it has a chat template when one is needed."""
     tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer or path, trust_remote_code=model_cfg.trust_remote_code)
-    if model_cfg.chat_template:
-        tok.chat_template = Path(model_cfg.chat_template).read_text(encoding="utf-8")
+    chat.apply_template(tok, model_cfg.chat_template)
     if need_template and not tok.chat_template:
-        raise ConfigError(f"tokenizer of {path} has no chat template; set model.chat_template to a Jinja file")
+        raise ConfigError(f"tokenizer of {path} has no chat template; set model.chat_template=chatml or a Jinja file")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -68,12 +66,6 @@ def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
         raise ConfigError(f"stage '{name}' (format chat) needs a `messages` column; its mixture gives {sorted(cols)}")
     if stage.format == "text" and "text" not in cols:
         raise ConfigError(f"stage '{name}' (format text) needs `text` or `messages`; its mixture gives {sorted(cols)}")
-    if stage.assistant_only_loss and "generation" not in (tok.chat_template or ""):
-        raise ConfigError(f"stage '{name}': assistant_only_loss needs a chat template with "
-                          "{% generation %} markers around assistant turns")
-    if stage.assistant_only_loss and not is_chat_template_stop_token_trained(tok):
-        log.warning("stage %s: the chat template leaves the assistant's end-of-turn token out of the loss mask; the "
-                    "model may not learn to stop", name)
 
 
 def deepspeed_on() -> bool:
@@ -167,10 +159,11 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
 
 
 def load_model(path: str | Path, model_cfg: Any):
-    """A causal LM from a checkpoint, in the training precision."""
-    return AutoModelForCausalLM.from_pretrained(
+    """A causal LM from a checkpoint, in the training precision, fitted to `model.chat_template`'s tokens."""
+    model = AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.bfloat16 if use_bf16(model_cfg.precision) else torch.float32, use_safetensors=True,
         attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
+    return chat.fit_model(model, model_cfg, path)
 
 
 def lora_config(stage: Any):
