@@ -104,8 +104,8 @@ def check_chain(cfg: Any) -> None:
 
     source = cfg.model.tokenizer or cfg.model.name_or_path
     if not AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.model.trust_remote_code).chat_template:
-        raise ConfigError(f"stage(s) {', '.join(chat)} need a chat template and the tokenizer of {source} has none: "
-                          "set model.chat_template=chatml (built in) or to a Jinja file")
+        raise ConfigError(f"stage(s) {', '.join(chat)} need a chat template and the tokenizer of {source} has no "
+                          "chat template: set model.chat_template=chatml (built in) or to a Jinja file")
 
 
 def render(tok: Any, messages: list[dict], kwargs: dict, generation_prompt: bool = False) -> str:
