@@ -126,7 +126,9 @@ def assistant_spans(tok: Any, messages: list[dict], kwargs: dict, where: str) ->
         if message.get("role") != "assistant":
             continue
         if not str(message.get("content") or "").strip():
-            raise ConfigError(f"{where}: assistant turn {k + 1} is empty; drop the row or give it content")
+            asked = next((str(m.get("content")) for m in messages[:k] if m.get("role") == "user"), "")
+            raise ConfigError(f"{where} (user: {asked[:60]!r}): assistant turn {k + 1} is empty; drop the row or "
+                              "give it content")
         prompt = render(tok, messages[:k], kwargs, generation_prompt=True) if k else ""
         turn = render(tok, messages[:k + 1], kwargs)
         if not full.startswith(turn):

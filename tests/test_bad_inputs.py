@@ -27,6 +27,7 @@ def _mixture(tmp: Path, rows: list | None, columns: dict | None = None) -> str:
 
 
 CHAT = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+EMPTY_TURN = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]}
 
 
 def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
@@ -61,6 +62,9 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
                          "unknown message role 'bot'"),
         "every prompt longer than max_length": (["sft.max_length=4"], "all 600 rows are longer than max_length=4"),
         "tokenizer without chat template": ([f"model.name_or_path={no_template}"], "has no chat template"),
+        "chat stage after a text stage, no template": (["stages=[midtrain,sft]", f"model.name_or_path={no_template}"],
+                                                       "stage(s) sft need a chat template"),
+        "empty assistant turn": ([f"sft.mixture={_mixture(tmp, [CHAT, EMPTY_TURN])}"], "assistant turn 2 is empty"),
         "model path that does not exist": (["model.name_or_path=/no/such/model"], "does not exist"),
         "model path that is not a checkpoint": ([f"model.name_or_path={not_ckpt}"], "not a checkpoint folder"),
         "output folder that cannot be written": ([f"output_root={blocker}/runs"], "cannot write the run folder"),

@@ -95,7 +95,7 @@ def test_template_that_rewrites_earlier_turns_is_refused_naming_the_row(smollm2)
 
 def test_empty_assistant_turn_is_refused_naming_the_row(smollm2):
     empty = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]
-    with pytest.raises(ConfigError, match="mixture gsm8k row 3: assistant turn 2 is empty"):
+    with pytest.raises(ConfigError, match="mixture gsm8k row 3 \\(user: 'q'\\): assistant turn 2 is empty"):
         chat.tokenise_masked(smollm2_tok(smollm2), empty, {}, "mixture gsm8k row 3")
 
 
