@@ -23,6 +23,7 @@ so eval and sampling, which load the checkpoint's tokenizer, use the same templa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,7 @@ def assistant_spans(tok: Any, messages: list[dict], kwargs: dict, where: str) ->
                               "render as the start of the whole conversation, e.g. it rewrites earlier turns), so "
                               "assistant turns cannot be located; split multi-turn rows into one row per assistant "
                               "turn or set assistant_only_loss=false")
-        start = _common_prefix(prompt, turn)
+        start = len(os.path.commonprefix([prompt, turn]))
         end = len(turn.rstrip())
         if end > start:
             spans.append((start, end))
@@ -150,11 +151,3 @@ def tokenise_masked(tok: Any, messages: list[dict], kwargs: dict, where: str) ->
     mask = [int(any(s < b and e > a for a, b in spans)) for s, e in enc["offset_mapping"]]
     return {"input_ids": enc["input_ids"], "assistant_masks": mask}
 
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
