@@ -9,7 +9,7 @@ offers (flash_attention_2 if flash-attn is installed, else flex_attention); then
 activation offloading on (peak memory, and the loss against offloading off); then a DPO step of the 135M
 shape. Without CUDA it runs a one-minute variant (a tiny shape, length 128) so CI keeps it working.
 
-Every run is the pipeline's: `training.sft_args` / `common_args`, `load_model` (fp32 master weights, bf16
+Every run is the pipeline's: `stages.sft.sft_args` / `training.common_args`, `load_model` (fp32 master weights, bf16
 autocast) and `fit` (telemetry). tokens/s counts trained tokens over compute time (step begin to end);
 MFU (pipeline.flops) takes the attention term at the mean document length, since packed documents do not
 attend to each other; peak memory is `torch.cuda.max_memory_allocated`.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import evaluate, gates, leaderboard, manifest, modelcard, preempt, stats, sweep
+from pipeline import chat, evaluate, gates, leaderboard, manifest, modelcard, preempt, stats, sweep
 from pipeline.basemodel import base_model, check_model_path
 from pipeline.config import ConfigError, stage_section
 from pipeline.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
@@ -192,6 +192,7 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
         if main:
             evaluate.write_tasks(cfg, run.tasks_dir)
     check_gates(cfg, run.tasks_dir)
+    chat.check_chain(cfg)
     with main_writes() as main:
         if main:
             write_text(run.root / "resolved.yaml", OmegaConf.to_yaml(cfg))

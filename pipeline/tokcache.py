@@ -5,7 +5,8 @@ to a temporary folder and renamed). The key hashes the rows' content (the mixed 
 mixture, per-row chat-template kwargs included), the tokenizer's saved files (vocabulary, special
 tokens, chat template), the stage's format, assistant-only loss and max_length, the library
 versions and `VERSION`. Chat rows go through TRL's own per-row tokenisation (`_tokenize`, called as
-SFTTrainer calls it), giving `input_ids` and, with assistant-only loss, `assistant_masks`;
+SFTTrainer calls it), giving `input_ids`; with assistant-only loss, `chat.tokenise_masked` gives
+`input_ids` and `assistant_masks` on any template, with or without `{% generation %}` markers;
 SFTTrainer then skips tokenising and only builds labels, truncates and packs (steps that datasets
 caches beside the tokens). Documents (`format: text`) become `input_ids` ending in EOS.
 """
@@ -25,12 +26,12 @@ import transformers
 import trl
 from trl.data_utils import _tokenize
 
-from pipeline import prep
+from pipeline import chat, prep
 from pipeline.config import ConfigError
 from pipeline.distributed import main_writes
 from pipeline.files import atomic_dir, fingerprint
 
-VERSION = 1  # bump when the tokenisation below changes what it writes
+VERSION = 2  # bump when the tokenisation below changes what it writes
 
 log = logging.getLogger("pipeline")
 
@@ -64,11 +65,13 @@ def cache_key(dataset: Any, stage: Any, tok: Any) -> str:
                         "version": VERSION, "trl": trl.__version__, "transformers": transformers.__version__})
 
 
-def tokenise_chat(row: dict, tok: Any, assistant_only_loss: bool) -> dict:
-    """One chat row as SFTTrainer tokenises it: `input_ids` (+ `assistant_masks` for assistant-only loss)."""
-    processed = _tokenize(tok, row["messages"], return_assistant_tokens_mask=assistant_only_loss, chat_template=None,
-                          tools=None, **(row.get("chat_template_kwargs") or {}))
-    return {k: processed[k] for k in ("input_ids", "assistant_masks") if k in processed}
+def tokenise_chat(row: dict, index: int, tok: Any, assistant_only_loss: bool, source: str) -> dict:
+    """One chat row: `input_ids` as SFTTrainer tokenises it, or with `assistant_masks` for assistant-only loss."""
+    kwargs = chat.template_kwargs(row.get("chat_template_kwargs"))
+    if assistant_only_loss:
+        return chat.tokenise_masked(tok, row["messages"], kwargs, f"{source} row {index + 1}")
+    processed = _tokenize(tok, row["messages"], chat_template=None, tools=None, **kwargs)
+    return {"input_ids": processed["input_ids"]}
 
 
 def tokenise_text(row: dict, tok: Any) -> dict:
@@ -85,8 +88,9 @@ def tokenise(dataset: Any, stage: Any, tok: Any) -> Any:
         out = dataset.map(tokenise_text, fn_kwargs={"tok": tok}, remove_columns=dataset.column_names, num_proc=procs)
         prep.log_rate("tokenised", len(out), started)
         return out
-    out = dataset.map(tokenise_chat, fn_kwargs={"tok": tok, "assistant_only_loss": stage.assistant_only_loss},
-                      remove_columns=dataset.column_names, num_proc=procs)
+    out = dataset.map(tokenise_chat, with_indices=True, remove_columns=dataset.column_names, num_proc=procs,
+                      fn_kwargs={"tok": tok, "assistant_only_loss": stage.assistant_only_loss,
+                                 "source": f"mixture {stage.mixture}"})
     prep.log_rate("tokenised", len(out), started)
     if stage.assistant_only_loss:
         empty = [i for i, mask in enumerate(out["assistant_masks"]) if 1 not in mask]

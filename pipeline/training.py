@@ -21,8 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
+from pipeline import chat, preempt, prep, tracking
 from pipeline import precision as prec
-from pipeline import preempt, prep, tracking
 from pipeline.config import ConfigError
 from pipeline.distributed import deepspeed_on, is_main, main_writes, trainer_state_args
 from pipeline.files import commit_dir, read_json
@@ -41,20 +41,21 @@ def with_pad_token(tok: Any) -> Any:
 
 
 def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
-    """Load a tokenizer; check it has a chat template when one is needed."""
+    """Load a tokenizer with `model.chat_template` applied; check it has a chat template when one is needed."""
     tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer or path, trust_remote_code=model_cfg.trust_remote_code)
-    if model_cfg.chat_template:
-        tok.chat_template = Path(model_cfg.chat_template).read_text(encoding="utf-8")
+    chat.apply_template(tok, model_cfg.chat_template)
     if need_template and not tok.chat_template:
-        raise ConfigError(f"tokenizer of {path} has no chat template; set model.chat_template to a Jinja file")
+        raise ConfigError(f"tokenizer of {path} has no chat template; set model.chat_template=chatml or a Jinja file")
     return with_pad_token(tok)
 
 
 def load_model(path: str | Path, model_cfg: Any):
-    """A causal LM from a checkpoint: fp32 master weights, or the dtype `precision.load_dtype` picks."""
-    return AutoModelForCausalLM.from_pretrained(
+    """A causal LM from a checkpoint (fp32 master weights, or the dtype `precision.load_dtype` picks), fitted to
+    `model.chat_template`'s tokens."""
+    model = AutoModelForCausalLM.from_pretrained(
         path, dtype=prec.load_dtype(model_cfg, deepspeed_on()), use_safetensors=True,
         attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
+    return chat.fit_model(model, model_cfg, path)
 
 
 def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:

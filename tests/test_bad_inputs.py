@@ -90,6 +90,8 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
                          "unknown message role 'bot'"),
         "every prompt longer than max_length": (["sft.max_length=4"], "all 600 rows are longer than max_length=4"),
         "tokenizer without chat template": ([f"model.name_or_path={no_template}"], "has no chat template"),
+        "chat stage after a text stage, no template": (["stages=[midtrain,sft]", f"model.name_or_path={no_template}"],
+                                                       "stage(s) sft need a chat template"),
         "model path that does not exist": (["model.name_or_path=/no/such/model"], "does not exist"),
         "model path that is not a checkpoint": ([f"model.name_or_path={not_ckpt}"], "not a checkpoint folder"),
         "output folder that cannot be written": ([f"output_root={blocker}/runs"], "cannot write the run folder"),

@@ -2,7 +2,7 @@
 non-finite steps skipped, counted and, past the stage's limit, stopping the stage.
 
 A micro Llama (2 layers, hidden 32) on word-level text trains through the pipeline's own SFT path
-(`training.train`, or `sft_args` + SFTTrainer + `fit`). Measured on 2 CPU cores: over 20 steps the bf16
+(`stages.sft.train`, or `sft_args` + SFTTrainer + `fit`). Measured on 2 CPU cores: over 20 steps the bf16
 losses differ from fp32's by at most 3e-4 (losses ~4); BF16_TOL leaves a margin.
 """
 

@@ -15,9 +15,8 @@ from typing import Any
 
 import pyarrow.compute as pc
 from trl import SFTConfig, SFTTrainer
-from trl.chat_template_utils import is_chat_template_stop_token_trained
 
-from pipeline import tokcache
+from pipeline import chat, tokcache
 from pipeline.config import ConfigError, cache_dir
 from pipeline.data import load_mixture
 from pipeline.runfolder import StageContext
@@ -33,12 +32,6 @@ def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
         raise ConfigError(f"stage '{name}' (format chat) needs a `messages` column; its mixture gives {sorted(cols)}")
     if stage.format == "text" and "text" not in cols:
         raise ConfigError(f"stage '{name}' (format text) needs `text` or `messages`; its mixture gives {sorted(cols)}")
-    if stage.assistant_only_loss and "generation" not in (tok.chat_template or ""):
-        raise ConfigError(f"stage '{name}': assistant_only_loss needs a chat template with "
-                          "{% generation %} markers around assistant turns")
-    if stage.assistant_only_loss and not is_chat_template_stop_token_trained(tok):
-        log.warning("stage %s: the chat template leaves the assistant's end-of-turn token out of the loss mask; the "
-                    "model may not learn to stop", name)
 
 
 def check_lengths(dataset: Any, stage: Any, name: str) -> int:
@@ -97,7 +90,7 @@ def run(ctx: StageContext) -> dict:
     render = None
     if ctx.stage.format == "text" and tok.chat_template:
         def render(row: dict) -> str:
-            return tok.apply_chat_template(row["messages"], tokenize=False, **(row.get("chat_template_kwargs") or {}))
+            return chat.render(tok, row["messages"], row.get("chat_template_kwargs"))
     dataset = load_mixture(ctx.stage.mixture, ctx.cfg, render)
     return train(ctx.stage, ctx.cfg.model, ctx.input_model, tok, dataset, ctx.out_dir, ctx.cfg.seed,
                  cache_dir(ctx.cfg))

@@ -1,0 +1,153 @@
+"""Chat templates for training: assistant-only loss masks on any template, and templates for base models.
+
+Assistant tokens without `{% generation %}` markers: the conversation is rendered turn by turn. For the
+assistant message k, the template renders `messages[:k]` with the generation prompt (what the model is
+given at inference) and `messages[:k+1]`; the characters the second adds after their common prefix are
+that turn. Trailing whitespace is left out of the span: the template's end-of-turn token (ChatML's
+`<|im_end|>`) is trained, the newline some templates put between turns is not (the model stops at the
+end-of-turn token; the newline belongs to the layout, exactly as TRL's marker-patched templates do).
+The whole conversation is tokenised once and every token overlapping a span is trained. Everything the
+template inserts itself (default system prompts, metadata, an empty think block in the generation
+prompt) lies outside the spans.
+
+The turn-by-turn rendering is valid only for a prefix-preserving template: each `messages[:k+1]` must
+render to the start of the whole conversation. Templates that rewrite earlier turns (for example by
+dropping earlier think blocks) are refused, naming the row.
+
+Base models: `model.chat_template` names a template, the built-in `chatml` or a Jinja file. When its
+end-of-turn marker is not one token of the vocabulary, it is added as a special token, the embeddings
+are resized (`fit_model`) and it becomes the eos of the tokenizer and of the model's generation config (as TRL's
+`clone_chat_template` does), so the model learns to stop. The tokenizer is saved with each checkpoint,
+so eval and sampling, which load the checkpoint's tokenizer, use the same template.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ConfigError
+
+CHATML = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+BUILTIN = {"chatml": (CHATML, "<|im_end|>", "<|im_start|>")}  # name -> (template, end-of-turn, other markers)
+
+
+def template_text(name: str) -> str:
+    """The Jinja text of `model.chat_template`: a built-in name (`chatml`) or a file path."""
+    if name in BUILTIN:
+        return BUILTIN[name][0]
+    path = Path(name)
+    if not path.is_file():
+        raise ConfigError(f"model.chat_template={name!r} is neither a built-in ({', '.join(BUILTIN)}) nor a file")
+    return path.read_text(encoding="utf-8")
+
+
+def template_markers(name: str) -> tuple[str, ...]:
+    """The special markers a configured template writes, end-of-turn first (ChatML's for a ChatML-style file)."""
+    if name in BUILTIN:
+        return BUILTIN[name][1:]
+    text = template_text(name)
+    return ("<|im_end|>", "<|im_start|>") if "<|im_end|>" in text else ()
+
+
+def apply_template(tok: Any, name: str) -> Any:
+    """Set the configured template on `tok`; register its markers as special tokens, the end-of-turn as eos.
+
+    Returns `tok`. New tokens make the vocabulary larger than the model's embeddings: `fit_model` resizes them.
+    """
+    if not name:
+        return tok
+    tok.chat_template = template_text(name)
+    markers = template_markers(name)
+    if markers and any(len(tok.encode(m, add_special_tokens=False)) != 1 for m in markers):
+        tok.add_special_tokens({"additional_special_tokens": list(markers)}, replace_extra_special_tokens=False)
+    if markers:
+        tok.eos_token = markers[0]
+    return tok
+
+
+def fit_model(model: Any, model_cfg: Any, path: str | Path) -> Any:
+    """`model` made to match its tokenizer with `model.chat_template` applied: embeddings resized to hold
+    the added markers, the end-of-turn marker as eos of its config and generation config (in place)."""
+    if not model_cfg.chat_template:
+        return model
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer or path, trust_remote_code=model_cfg.trust_remote_code)
+    tok = apply_template(tok, model_cfg.chat_template)
+    if len(tok) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tok), pad_to_multiple_of=64)
+    if tok.eos_token_id is not None:
+        model.config.get_text_config().eos_token_id = tok.eos_token_id
+        if model.generation_config is not None:
+            model.generation_config.eos_token_id = tok.eos_token_id
+    return model
+
+
+def template_kwargs(kwargs: dict | None) -> dict:
+    """A row's chat-template kwargs without the None values (Arrow fills the keys other rows set with None)."""
+    return {k: v for k, v in (kwargs or {}).items() if v is not None}
+
+
+def check_chain(cfg: Any) -> None:
+    """Refuse, before any training, a chain with a chat stage when neither the base tokenizer nor
+    `model.chat_template` gives a chat template (SFT / mid-training with format chat, DPO, PPO, GRPO, reward)."""
+    chat = [n for n in cfg.stages if cfg[n].enabled and cfg[n].get("format", "chat") == "chat"]
+    if not chat or cfg.model.chat_template or cfg.model.name_or_path == "tiny":
+        return
+    from transformers import AutoTokenizer
+
+    source = cfg.model.tokenizer or cfg.model.name_or_path
+    if not AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.model.trust_remote_code).chat_template:
+        raise ConfigError(f"stage(s) {', '.join(chat)} need a chat template and the tokenizer of {source} has no "
+                          "chat template: set model.chat_template=chatml (built in) or to a Jinja file")
+
+
+def render(tok: Any, messages: list[dict], kwargs: dict, generation_prompt: bool = False) -> str:
+    """The template's text for `messages` (no tokenisation), with the row's template kwargs."""
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                   **template_kwargs(kwargs))
+
+
+def assistant_spans(tok: Any, messages: list[dict], kwargs: dict, where: str) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character span of each assistant turn (end-of-turn token included).
+
+    Raises ConfigError naming `where` (source and row) for an empty assistant turn or a template that is
+    not prefix-preserving.
+    """
+    full = render(tok, messages, kwargs)
+    spans = []
+    for k, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        if not str(message.get("content") or "").strip():
+            asked = next((str(m.get("content")) for m in messages[:k] if m.get("role") == "user"), "")
+            raise ConfigError(f"{where} (user: {asked[:60]!r}): assistant turn {k + 1} is empty; drop the row or "
+                              "give it content")
+        prompt = render(tok, messages[:k], kwargs, generation_prompt=True) if k else ""
+        turn = render(tok, messages[:k + 1], kwargs)
+        if not full.startswith(turn):
+            raise ConfigError(f"{where}: the chat template is not prefix-preserving (messages 1..{k + 1} do not "
+                              "render as the start of the whole conversation, e.g. it rewrites earlier turns), so "
+                              "assistant turns cannot be located; split multi-turn rows into one row per assistant "
+                              "turn or set assistant_only_loss=false")
+        start = len(os.path.commonprefix([prompt, turn]))
+        end = len(turn.rstrip())
+        if end > start:
+            spans.append((start, end))
+    return full, spans
+
+
+def tokenise_masked(tok: Any, messages: list[dict], kwargs: dict, where: str) -> dict:
+    """`input_ids` of the rendered conversation and `assistant_masks` (1 on every assistant-turn token)."""
+    full, spans = assistant_spans(tok, messages, kwargs, where)
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(s < b and e > a for a, b in spans)) for s, e in enc["offset_mapping"]]
+    return {"input_ids": enc["input_ids"], "assistant_masks": mask}
+
