@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import data, evaluate, gates, leaderboard, manifest, preempt
+from pipeline import data, evaluate, gates, leaderboard, manifest, outcome, preempt
 from pipeline.config import ConfigError, cache_dir, stage_section
 from pipeline.files import RunLock, fingerprint, read_json, write_json, write_text
 
@@ -291,6 +291,7 @@ def _run(cfg: DictConfig, argv: list[str], state, root: Path) -> int:
     model: str | Path | None = None  # the previous stage's checkpoint; None: the base model
     upstream = _base_fingerprint(cfg)
     for s in stages:
+        outcome.enter(s.dir.name)
         preempt.check(f"before stage {s.dir.name}")
         label = f"stage {s.index}/{len(stages)} {s.name}"
         path = s.dir / "stage.json"
