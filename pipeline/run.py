@@ -68,7 +68,8 @@ def run(cfg, argv: list[str]) -> int:
 
     root, main = run_dir(cfg), _main_process()
     outcome, last_error = Outcome(root, cfg.dpo.sweep.candidate, argv), _LastError()
-    logging.getLogger("pipeline").addFilter(last_error)
+    logger = logging.getLogger("pipeline")
+    logger.addFilter(last_error)
     if main:
         outcome.start()
     try:
@@ -83,6 +84,8 @@ def run(cfg, argv: list[str]) -> int:
     except Exception as err:  # noqa: BLE001 - a crash: logged with its traceback, then exit 1
         code, reason = EXIT_CRASH, f"{type(err).__name__}: {err}".splitlines()[0]
         _crashed(root / "pipeline.log", reason)
+    finally:
+        logger.removeFilter(last_error)
     if main:
         outcome.finish(code, reason)
     return code
