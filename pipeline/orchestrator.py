@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import chat, evaluate, gates, leaderboard, manifest, modelcard, preempt, stats, sweep
+from pipeline import chat, evaluate, gates, leaderboard, manifest, modelcard, outcome, preempt, stats, sweep
 from pipeline.basemodel import base_model, check_model_path
 from pipeline.config import ConfigError, stage_section
 from pipeline.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
@@ -208,6 +208,7 @@ def _run_chain(run: Run) -> int:
     started, model = time.time(), None  # model: the previous stage's checkpoint; None: the base model
     run.base_eval()
     for d in run.decisions:
+        outcome.enter(d.dir.name)
         preempt.check(f"before stage {d.dir.name}")
         if d.action == "reuse":
             log.info("%s: reusing finished stage %s (fingerprint %s)", _label(run, d), d.dir, d.fingerprint)

@@ -127,7 +127,8 @@ def test_pipeline_sbatch_runs_the_tiny_recipe_on_two_processes(slurm, tiny_base,
                 "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, timeout=960)
     logs = _logs(tmp_path)
     assert proc.returncode == 0, proc.stderr + logs[-4000:]
-    assert "1 node(s) x 2 process(es), 0 GPU(s) per node" in logs and "config recipes/accelerate/cpu.yaml" in logs
+    assert "slurm: node 0 of 1: 2 process(es), 0 GPU(s), config recipes/accelerate/cpu.yaml: smol-pipeline " \
+           "--num_machines 1 --machine_rank 0 --num_processes 2 --main_process_ip " in logs
     run = tmp_path / "tiny"
     for name in ("01-sft", "02-midtrain"):
         record = json.loads((run / "stages" / name / "stage.json").read_text())
@@ -137,6 +138,13 @@ def test_pipeline_sbatch_runs_the_tiny_recipe_on_two_processes(slurm, tiny_base,
     assert "world size 2" in (run / "pipeline.log").read_text()
     assert (run / "leaderboard.csv").is_file() and not (run / ".lock").exists()
     print(f"slurm pipeline.sbatch: {time.time() - t0:.1f} s")
+
+
+def test_a_job_exits_with_the_pipelines_own_code(slurm, tmp_path):
+    proc = _run(slurm, "timeout", "300", "sbatch", "--wait", *_resources(tmp_path), "slurm/pipeline.sbatch",
+                "recipe=tiny", "sft.learnin_rate=3e-4", timeout=320)
+    assert proc.returncode == 2, proc.stderr + _logs(tmp_path)[-4000:]  # `accelerate launch` would say 1
+    assert "error: unknown config key 'sft.learnin_rate'" in _logs(tmp_path)
 
 
 @pytest.mark.slow

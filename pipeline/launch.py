@@ -1,0 +1,106 @@
+"""`smol-pipeline`: the pipeline under accelerate's own launcher, exiting with the pipeline's exit code.
+
+    smol-pipeline [accelerate launch options] recipe=NAME [key=value ...]
+    smol-pipeline --config_file recipes/accelerate/zero3.yaml --num_processes 8 recipe=smol
+
+`accelerate launch pipeline/run.py` turns every failure into exit 1 and a launcher traceback (its
+simple launcher raises `CalledProcessError`, torch elastic raises `ChildFailedError`). This command
+parses the same options with accelerate's `launch_command_parser`, runs `launch_command` on
+`pipeline/run.py`, and answers with the code the pipeline itself exited with: 0, 2 bad input, 3 a
+gate stop, 75 preempted, 1 a crash (a process killed by signal N: 128 + N), from the first process
+that failed. Launch options come first; the first `key=value` argument (or whatever follows `--`)
+starts the recipe arguments.
+
+SIGTERM and SIGUSR1 sent to this launcher are passed on to the pipeline processes (which save a
+checkpoint and exit 75), and the launcher waits for them: torch elastic is told to leave SIGTERM alone
+(`PET_SIGNALS_TO_HANDLE`), as it would otherwise kill the processes after 30 s and lose their codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.outcome import NAMES
+
+RUN_SCRIPT = Path(__file__).resolve().with_name("run.py")
+RECIPE_ARG = re.compile(r"^[A-Za-z_][\w.\-]*=")
+USAGE = "smol-pipeline [accelerate launch options] [--] recipe=NAME [key=value ...]"
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split a command line into accelerate launch options and the pipeline's recipe arguments."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return argv[:i], argv[i + 1:]
+        if RECIPE_ARG.match(arg):
+            return argv[:i], argv[i:]
+    return argv, []
+
+
+def shell_code(returncode: int) -> int:
+    """A child's return code as a shell reports it: killed by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def forward_signals() -> None:
+    """Pass SIGTERM / SIGUSR1 on to this process's children (the pipeline processes) and keep waiting."""
+    import psutil
+
+    os.environ.setdefault("PET_SIGNALS_TO_HANDLE", "SIGINT,SIGHUP,SIGQUIT")  # torch elastic: SIGTERM is ours
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, forward)
+
+
+def log_hint(recipe: list[str]) -> str:
+    """`; log: <run>/pipeline.log` for the run these recipe arguments name, when that log exists."""
+    from pipeline.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(recipe)
+    except ConfigError:
+        return ""
+    path = Path(cfg.output_root) / cfg.run_name / "pipeline.log"
+    return f"; log: {path}" if path.is_file() else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Launch `pipeline/run.py` through accelerate's launcher; return the pipeline's own exit code."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    options, recipe = split_args(sys.argv[1:] if argv is None else argv)
+    parser = launch_command_parser()
+    parser.prog, parser.usage = "smol-pipeline", USAGE
+    args = parser.parse_args([*options, str(RUN_SCRIPT), *recipe])
+    args.quiet = False  # --quiet makes the launchers exit 1 instead of raising the child's code
+    forward_signals()
+    try:
+        launch_command(args)
+    except subprocess.CalledProcessError as err:
+        return shell_code(err.returncode)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        code = shell_code(failure.exitcode)
+        print(f"smol-pipeline: exit {code} ({NAMES.get(code, 'crashed')}) from rank {rank}{log_hint(recipe)}",
+              file=sys.stderr)  # torch elastic's log lines come after the processes' last words
+        return code
+    except SignalException as err:  # SIGINT / SIGHUP / SIGQUIT: torch elastic stopped the processes
+        return 128 + err.sigval
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The final outcome of a run, in `<run>/outcome.json`: what `accelerate launch` hides behind its exit code 1.
+
+Written atomically by the main process when the pipeline ends, whatever the ending (every case but a
+command line that does not parse: that exits 2 before the run folder is known): the exit code, its
+name, a one-line reason, the stage in progress, and when the run started and ended. A run removes the
+previous run's file when it starts, so a script that finds no file (or an older `started`) knows the
+command failed before it reached its run folder. A DPO sweep candidate (`dpo.sweep.candidate=i`, a
+Slurm array task sharing the folder) writes `outcome-dpo-candidate-<i>.json` instead.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pipeline.files import write_json
+
+EXIT_CRASH = 1  # an uncaught exception (Python's own code for it)
+NAMES = {0: "passed", 2: "bad_input", 3: "gate_stop", 75: "preempted", EXIT_CRASH: "crashed"}
+_current = {"stage": None}
+
+
+def enter(stage: str) -> None:
+    """Note the stage the chain is working on (the orchestrator calls this as each stage begins)."""
+    _current["stage"] = stage
+
+
+def outcome_path(root: Path, candidate: int | None = None) -> Path:
+    """`<run>/outcome.json`, or `outcome-dpo-candidate-<i>.json` for one DPO sweep candidate."""
+    name = "outcome.json" if candidate is None else f"outcome-dpo-candidate-{candidate}.json"
+    return Path(root) / name
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Outcome:
+    """The outcome file of one invocation: `start` drops the previous one, `finish` writes this one."""
+
+    def __init__(self, root: Path, candidate: int | None, argv: list[str]) -> None:
+        self.path = outcome_path(root, candidate)
+        self.argv = argv
+        self.started = _now()
+
+    def start(self) -> None:
+        """Remove the previous invocation's outcome (a missing file now means: not finished)."""
+        self.path.unlink(missing_ok=True)
+
+    def finish(self, code: int, reason: str) -> None:
+        """Write the exit code, its name, the reason and the stage in progress, atomically."""
+        if not self.path.parent.is_dir():
+            return  # the run folder was never created (e.g. it is not writable): nothing to record into
+        write_json(self.path, {"exit_code": code, "outcome": NAMES.get(code, "crashed"), "reason": reason,
+                               "stage": _current["stage"], "started": self.started, "finished": _now(),
+                               "argv": self.argv})
