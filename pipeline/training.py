@@ -29,7 +29,7 @@ from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unse
 from trl import SFTConfig, SFTTrainer
 from trl.chat_template_utils import is_chat_template_stop_token_trained
 
-from pipeline import preempt, tokcache
+from pipeline import packing, preempt, tokcache
 from pipeline.config import ConfigError
 from pipeline.files import commit_dir, read_json
 from pipeline.telemetry import MEMORY_LIMIT, Telemetry
@@ -157,7 +157,7 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
     wrapped = stage.packing and stage.packing_strategy == "wrapped"
     return SFTConfig(
         **common_args(stage, work_dir, seed, precision),
-        packing=stage.packing,
+        packing=stage.packing and not packing.applies(stage),  # ours: rows kept apart (packing.py)
         packing_strategy=stage.packing_strategy,
         padding_free=stage.padding_free and not wrapped,
         train_sampling_strategy=stage.sampling,
@@ -272,9 +272,13 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
     check_columns(dataset, stage, tok, stage_dir.name)
     dataset = tokcache.tokenised(dataset, stage, tok, cache_dir, stage_dir.name)
     truncated = check_lengths(dataset, stage, stage_dir.name)
+    packed = packing.applies(stage)
+    if packed:
+        dataset = packing.pack(dataset, stage.max_length, stage.packing_strategy)
     args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision)  # first: ZeRO-3 then shards the load
     trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
-                         processing_class=tok, peft_config=lora_config(stage))
+                         processing_class=tok, peft_config=lora_config(stage),
+                         data_collator=packing.collator(tok) if packed else None)
     return {**fit(trainer, tok, stage_dir), "truncated_rows": truncated}
 
 
