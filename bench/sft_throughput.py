@@ -106,8 +106,9 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="recipe overrides for our stage, e.g. sft.sampling=random")
     args = parser.parse_args()
     cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}", *args.overrides])
-    out = {"machine": "cpu", "steps": args.steps, "batch": args.batch, "recipe_batch": cfg.sft.per_device_train_batch_size,
-           "recipe_packing": cfg.sft.packing, "repeats": args.repeats, **throughput(args, cfg)}
+    out = {"machine": "cpu", "steps": args.steps, "batch": args.batch, "repeats": args.repeats,
+           "recipe_batch": cfg.sft.per_device_train_batch_size, "recipe_packing": cfg.sft.packing,
+           **throughput(args, cfg)}
     if args.accuracy:
         with tempfile.TemporaryDirectory() as tmp:
             out["accuracy_recipe"] = accuracy(args.cache, args.overrides, [], Path(tmp) / "recipe")
