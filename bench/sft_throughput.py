@@ -100,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=16, help="chats per step for plain TRL and ours unpacked")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="0: only the accuracy runs")
     parser.add_argument("--cache", default="runs/.cache")
     parser.add_argument("--accuracy", action="store_true", help="also train the whole SFT stage, packed and not")
     parser.add_argument("overrides", nargs="*", help="recipe overrides for our stage, e.g. sft.sampling=random")
@@ -108,7 +108,7 @@ def main() -> None:
     cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}", *args.overrides])
     out = {"machine": "cpu", "steps": args.steps, "batch": args.batch, "repeats": args.repeats,
            "recipe_batch": cfg.sft.per_device_train_batch_size, "recipe_packing": cfg.sft.packing,
-           **throughput(args, cfg)}
+           **(throughput(args, cfg) if args.repeats else {})}
     if args.accuracy:
         with tempfile.TemporaryDirectory() as tmp:
             out["accuracy_recipe"] = accuracy(args.cache, args.overrides, [], Path(tmp) / "recipe")
