@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,29 +26,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_two_ranks(args: list[str], extra_env: dict) -> list[subprocess.CompletedProcess]:
-    """`pipeline/run.py` as ranks 0 and 1 of one gloo world (what a launcher sets), each rank's own exit code."""
+def launch_two_ranks(args: list[str], extra_env: dict, logs: Path) -> list[tuple[int, str]]:
+    """`pipeline/run.py` as ranks 0 and 1 of one gloo world (what a launcher sets): each rank's exit code and log."""
     port = free_port()
     procs = []
     for rank in (0, 1):
         env = {**os.environ, **extra_env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, str(ROOT / "pipeline/run.py"), *args], cwd=ROOT, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return [subprocess.CompletedProcess(p.args, p.wait(timeout=900), *p.communicate()) for p in procs]
+        with open(logs / f"rank{rank}.log", "w") as log:  # files, not pipes: a full pipe would stall a collective
+            procs.append(subprocess.Popen([sys.executable, str(ROOT / "pipeline/run.py"), *args], cwd=ROOT, env=env,
+                                          stdout=log, stderr=subprocess.STDOUT))
+    return [(p.wait(timeout=900), (logs / f"rank{rank}.log").read_text()) for rank, p in enumerate(procs)]
 
 
 @pytest.mark.slow
 def test_memory_alert_on_one_rank_stops_every_rank_with_75(tmp_path, cache_dir, tiny_base):
     """Rank 1 alone goes over its (lowered) memory limit: both ranks save the same checkpoint and exit 75."""
-    ranks = launch_two_ranks(["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *STOP_RUN],
-                             {"PIPELINE_TEST_MEMORY_LIMIT": "1:0.0"})
-    assert [r.returncode for r in ranks] == [75, 75], [r.stderr[-2000:] for r in ranks]
-    assert all("saving a checkpoint and stopping on every rank" in r.stderr for r in ranks)
-    work = tmp_path / "tiny/stages/01-sft/work"
+    ranks = launch_two_ranks(["recipe=tiny", f"output_root={tmp_path}/out", f"cache_dir={cache_dir}", *STOP_RUN],
+                             {"PIPELINE_TEST_MEMORY_LIMIT": "1:0.0"}, tmp_path)
+    assert [code for code, _ in ranks] == [75, 75], [log[-2000:] for _, log in ranks]
+    assert all("saving a checkpoint and stopping on every rank" in log for _, log in ranks)
+    work = tmp_path / "out/tiny/stages/01-sft/work"
     assert [p.name for p in work.glob("checkpoint-*")] == ["checkpoint-1"]  # stopped at the first step, together
-    assert not (tmp_path / "tiny/stages/01-sft/stage.json").exists() or \
-        json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())["status"] != "done"
+    record = tmp_path / "out/tiny/stages/01-sft/stage.json"
+    assert not record.exists() or json.loads(record.read_text())["status"] != "done"
 
 
 def test_step_breakdown_of_a_packed_stage(tmp_path, cache_dir, tiny_base):
