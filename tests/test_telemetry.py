@@ -65,7 +65,7 @@ def test_step_breakdown_of_a_packed_stage(tmp_path, cache_dir, tiny_base):
     assert m["compute_s"] == pytest.approx(m["forward_s"] + m["backward_s"] + m["optimizer_s"], abs=0.02)
     assert m["compute_s"] + m["data_wait_s"] + m["save_s"] <= m["wall_time_s"]
     assert 0 < m["peak_memory_fraction"] < 1
-    assert m["padding_fraction"] < 0.1  # rows of several chats each, padded only to the longest row of the batch
+    assert m["padding_fraction"] < 0.15  # rows of several chats, padded to the longest row (measured 0.08)
 
 
 def test_full_numel_counts_zero3_shards(tmp_path, monkeypatch):
