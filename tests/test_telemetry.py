@@ -71,10 +71,13 @@ def test_step_breakdown_of_a_packed_stage(tmp_path, cache_dir, tiny_base):
 def test_full_numel_counts_zero3_shards(tmp_path, monkeypatch):
     """Under ZeRO-3 a rank holds empty parameters; MFU's count still sees the whole model."""
     deepspeed = pytest.importorskip("deepspeed")
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    port = free_port()
+    for key, value in {"DS_ACCELERATOR": "cpu", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     expected = sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         with deepspeed.zero.Init(config_dict_or_path={"zero_optimization": {"stage": 3}, "train_batch_size": 1}):
             model = LlamaForCausalLM(cfg)
