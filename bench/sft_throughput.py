@@ -1,10 +1,16 @@
 """SFT throughput: our SFT stage vs a plain TRL SFTTrainer with its defaults, same model and data.
 
-    python bench/sft_throughput.py [--steps 60] [--batch 16] [--cache runs/.cache] [override ...]
+    python bench/sft_throughput.py [--steps 60] [--batch 16] [--repeats 3] [--accuracy] [override ...]
 
-Both train the tiny recipe's base model on the tiny SFT chats for the same number of steps and
-batch size. Effective tokens/s counts non-padding tokens actually trained. Printed as JSON with
-the ratio ours / plain TRL, measured in this run.
+Each repeat trains, interleaved (so a busy machine slows them alike): a plain SFTTrainer (TRL
+defaults: no packing, activation checkpointing on; `--batch` chats per step), our stage as the
+recipe sets it (its own batch: packed rows when the recipe packs), and our stage unpacked at
+`--batch`. Effective tokens/s counts non-padding tokens trained. Printed as JSON: per variant the
+median and range over the repeats of tokens/s, its ratio to plain TRL in the same repeat, and our
+step-time breakdown (forward, backward, optimizer, data wait, save).
+
+`--accuracy` also runs the recipe's whole SFT stage (`stages=[sft]`, the CLI) as set and unpacked,
+and prints each held-out score with its standard error.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -25,8 +33,9 @@ from pipeline.stages.sft import train
 from pipeline.tiny.model import ensure_base_model
 from pipeline.training import load_tokenizer
 
-# our stage as the recipe sets it, then with length-grouped batches, then packed (bfd, padding-free)
-VARIANTS = {"ours_recipe": {}, "ours_grouped": {"sampling": "group_by_length"}, "ours_packed_bfd": {"packing": True}}
+ROOT = Path(__file__).resolve().parents[1]
+METRIC = "tiny_gsm/exact_match,strict-match"
+BREAKDOWN = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "save_s")
 
 
 def plain_trl(base: Path, tok, dataset, steps: int, batch: int, work: Path) -> float:
@@ -39,33 +48,75 @@ def plain_trl(base: Path, tok, dataset, steps: int, batch: int, work: Path) -> f
     return trainer.state.num_input_tokens_seen / result.metrics["train_runtime"]
 
 
-def main() -> None:
-    """Run both trainers and print tokens/s and the ratio."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--cache", default="runs/.cache")
-    parser.add_argument("overrides", nargs="*", help="recipe overrides for our stage, e.g. sft.sampling=random")
-    args = parser.parse_args()
-    cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}", *args.overrides])
+def ours(cfg, change: dict, base: Path, tok, dataset, steps: int, work: Path, cache: str) -> dict:
+    """Our SFT stage with `change` applied to the recipe's sft block: its training metrics."""
+    stage = OmegaConf.merge(cfg.sft, {"max_steps": steps, "save_steps": 10**6, "logging_steps": 10**6, **change})
+    metrics = train(stage, cfg.model, base, tok, dataset, work, cfg.seed, Path(cache))
+    shutil.rmtree(work, ignore_errors=True)
+    return metrics
+
+
+def spread(values: list[float]) -> dict:
+    """Median and range of a list of measurements."""
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def throughput(args, cfg) -> dict:
+    """Interleaved repeats of plain TRL and our variants: tokens/s, ratios and our breakdown."""
     base = ensure_base_model(Path(args.cache), cfg.tiny, cfg.model, cfg.seed)
     tok = load_tokenizer(base, cfg.model, need_template=True)
     dataset = load_mixture(cfg.sft.mixture, cfg)
-    out = {"machine": "cpu", "steps": args.steps, "batch": args.batch}
+    variants = {"ours_recipe": {}, "ours_unpacked": {"packing": False, "per_device_train_batch_size": args.batch}}
+    runs: dict[str, list] = {"plain_trl": [], **{name: [] for name in variants}}
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.time()
-        out["plain_trl_tokens_per_s"] = round(plain_trl(base, tok, dataset, args.steps, args.batch,
-                                                        Path(tmp) / "plain"), 1)
-        for name, change in VARIANTS.items():
-            stage = OmegaConf.merge(cfg.sft, {"max_steps": args.steps, "per_device_train_batch_size": args.batch,
-                                              "save_steps": 10**6, "logging_steps": 10**6, **change})
-            metrics = train(stage, cfg.model, base, tok, dataset, Path(tmp) / name, cfg.seed, Path(args.cache))
-            out[f"{name}_tokens_per_s"] = metrics["tokens_per_s"]
-            out[f"{name}_padding_fraction"] = metrics["padding_fraction"]
-            shutil.rmtree(Path(tmp) / name, ignore_errors=True)
-        out["wall_s"] = round(time.time() - t0, 1)
-    for name in VARIANTS:
-        out[f"ratio_{name}_vs_plain"] = round(out[f"{name}_tokens_per_s"] / out["plain_trl_tokens_per_s"], 2)
+        for rep in range(args.repeats):
+            runs["plain_trl"].append(plain_trl(base, tok, dataset, args.steps, args.batch, Path(tmp) / f"plain{rep}"))
+            for name, change in variants.items():
+                runs[name].append(ours(cfg, change, base, tok, dataset, args.steps, Path(tmp) / name, args.cache))
+    out = {"plain_trl_tokens_per_s": spread(runs["plain_trl"])}
+    for name in variants:
+        rates = [m["tokens_per_s"] for m in runs[name]]
+        out[f"{name}_tokens_per_s"] = spread(rates)
+        out[f"ratio_{name}_vs_plain"] = spread([r / p for r, p in zip(rates, runs["plain_trl"], strict=True)])
+        out[f"{name}_padding_fraction"] = runs[name][0]["padding_fraction"]
+        out[f"{name}_breakdown"] = {k: spread([m[k] for m in runs[name]])["median"] for k in BREAKDOWN}
+    return out
+
+
+def accuracy(cache: str, overrides: list[str], change: list[str], out: Path) -> dict:
+    """The recipe's whole SFT stage through the CLI (with `change`): held-out score, stderr, training time."""
+    cmd = [sys.executable, str(ROOT / "pipeline/run.py"), "recipe=tiny", "stages=[sft]", f"cache_dir={cache}",
+           f"output_root={out}", "sft.gate.action=warn", *overrides, *change]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    (record,) = [json.loads(p.read_text()) for p in out.glob("**/01-sft/stage.json")]
+    scores = record["eval"]
+    return {"score": scores["metrics"][METRIC], "stderr": scores["stderr"][METRIC],
+            "train_runtime_s": record["metrics"]["train_runtime_s"]}
+
+
+def main() -> None:
+    """Run the variants and print tokens/s, ratios (median and range) and, with --accuracy, held-out scores."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch", type=int, default=16, help="chats per step for plain TRL and ours unpacked")
+    parser.add_argument("--repeats", type=int, default=3, help="0: only the accuracy runs")
+    parser.add_argument("--cache", default="runs/.cache")
+    parser.add_argument("--accuracy", action="store_true", help="also train the whole SFT stage, packed and not")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides for our stage, e.g. sft.sampling=random")
+    args = parser.parse_args()
+    cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}", *args.overrides])
+    out = {"machine": "cpu", "steps": args.steps, "batch": args.batch, "repeats": args.repeats,
+           "recipe_batch": cfg.sft.per_device_train_batch_size, "recipe_packing": cfg.sft.packing,
+           **(throughput(args, cfg) if args.repeats else {})}
+    if args.accuracy:
+        with tempfile.TemporaryDirectory() as tmp:
+            out["accuracy_recipe"] = accuracy(args.cache, args.overrides, [], Path(tmp) / "recipe")
+            out["accuracy_unpacked"] = accuracy(args.cache, args.overrides, [
+                "sft.packing=false", f"sft.per_device_train_batch_size={args.batch}"], Path(tmp) / "unpacked")
+        a, b = out["accuracy_recipe"], out["accuracy_unpacked"]
+        out["accuracy_within_1_stderr"] = abs(a["score"] - b["score"]) <= max(a["stderr"], b["stderr"])
     print(json.dumps(out, indent=2))
 
 

@@ -466,6 +466,9 @@ def _validate_dpo(cfg: DictConfig) -> None:
         if dpo.sweep.candidate is not None:
             raise ConfigError("'dpo.sweep.candidate' trains one candidate of the dpo stage: list dpo in 'stages'")
         return
+    if dpo.padding_free:  # TRL 1.16's DPOTrainer warns and pads anyway: refuse rather than do nothing
+        raise ConfigError("'dpo.padding_free' is not supported: TRL 1.16's DPOTrainer turns it off and pads every "
+                          "batch; remove the key (or set it to false)")
     if dpo.loss_weights and len(dpo.loss_weights) != len(dpo.loss_type):
         raise ConfigError(f"'dpo.loss_weights' has {len(dpo.loss_weights)} weights for {len(dpo.loss_type)} loss types")
     for key in ("beta", "learning_rate"):

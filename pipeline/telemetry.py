@@ -1,21 +1,30 @@
-"""Training telemetry: effective tokens/s, padding, MFU, step-time breakdown, peak memory, alerts.
+"""Training telemetry: effective tokens/s, padding, MFU, step-time breakdown, memory, alerts that ranks agree on.
 
-`Telemetry` is a TrainerCallback plus a collator wrapper. Times are taken with device
-synchronisation at step boundaries: `compute_s` is forward + backward + optimizer (step begin to
-step end), `data_wait_s` the time between steps spent fetching batches (saving excluded, measured
-apart as `save_s`). MFU uses model FLOPs per token (6 x parameters + the attention term
-12 x layers x hidden x sequence length, forward + backward) against the device's peak for the
-training precision; on a device not in the table (every CPU) it is None, never invented.
+`Telemetry` is a TrainerCallback plus a collator wrapper and forward hooks. Times are taken with device
+synchronisation (GPU) at step boundaries: `forward_s` (the model's forward passes, timed by hooks),
+`backward_s` (the rest of step begin to the optimizer step: backward and gradient clipping),
+`optimizer_s` (optimizer step, scheduler, zeroing), `data_wait_s` (between steps, fetching batches),
+`eval_s` and `save_s` (the Trainer's evaluation and checkpointing); `compute_s` is forward + backward +
+optimizer. MFU uses model FLOPs per token (6 x parameters, counted in full under ZeRO-3, + the attention
+term 12 x layers x hidden x sequence length) against the device's peak for the training precision; on a
+device not in the table (every CPU) it is None, never invented.
+
+The memory alert compares peak allocated memory with the device's total (on CPU: peak RSS against
+physical memory) after every step; the ranks all-reduce the verdict, so every rank saves and stops at the
+same step. `PIPELINE_TEST_MEMORY_LIMIT=RANK:LIMIT` (tests only) lowers the limit on one rank.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from accelerate import PartialState
 from transformers import TrainerCallback
 
 from pipeline.flops import flops_per_token, peak_flops
@@ -47,57 +56,107 @@ class CountingCollator:
         return batch
 
 
+def memory_used() -> float:
+    """Peak memory of this process as a fraction of the device's: allocated (GPU) or resident (CPU)."""
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return torch.cuda.max_memory_allocated() / total
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / physical
+
+
+def memory_limit() -> float:
+    """The stop threshold for this rank: MEMORY_LIMIT, or the test override `PIPELINE_TEST_MEMORY_LIMIT=RANK:LIMIT`."""
+    rank, _, limit = os.environ.get("PIPELINE_TEST_MEMORY_LIMIT", "").partition(":")
+    return float(limit) if rank and int(rank) == PartialState().process_index else MEMORY_LIMIT
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is true on any rank (an all-reduce of the verdict; every rank must call it)."""
+    verdict = torch.tensor([float(flag)], device=PartialState().device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
+    return bool(verdict.item())
+
+
+def full_numel(model: Any) -> int:
+    """Parameters of the whole model: ZeRO-3 leaves each rank an empty shard (`numel` 0), `ds_numel` is the full."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+
+
+def _now() -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 class Telemetry(TrainerCallback):
     """Step-time breakdown, memory and alerts for one training run (attach with `attach`)."""
 
     def __init__(self) -> None:
-        self.compute = self.between = self.saving = 0.0
+        self.times = dict.fromkeys(("forward", "backward", "optimizer", "data_wait", "eval", "save"), 0.0)
         self.steps = 0
-        self._begin = self._end = None
         self.memory_stop = False
         self.collator: CountingCollator | None = None
+        self._mark = self._begin = self._optimizer = None  # last boundary, step begin, optimizer step begin
+        self._forward = self._forward_start = 0.0  # forward seconds in the current step; start of the running one
 
     def attach(self, trainer: Any) -> Telemetry:
-        """Hook into a trainer: callback plus token-counting collator."""
+        """Hook into a trainer: callback, token-counting collator and forward timers on the model."""
         self.collator = CountingCollator(trainer.data_collator, getattr(trainer.processing_class, "pad_token_id", None))
         trainer.data_collator = self.collator
         trainer.add_callback(self)
+        trainer.model.register_forward_pre_hook(self._forward_begins)
+        trainer.model.register_forward_hook(self._forward_ends)
         return self
 
-    @staticmethod
-    def _now() -> float:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        return time.perf_counter()
+    def _forward_begins(self, module: Any, args: Any) -> None:
+        self._forward_start = _now()
+
+    def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
+        self._forward += _now() - self._forward_start
+
+    def _lap(self, key: str) -> float:
+        """Add the time since the last boundary to `key`; return now, the new boundary."""
+        now = _now()
+        self.times[key] += now - (self._mark or now)
+        self._mark = now
+        return now
 
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
-        self._end = self._now()
+        self._mark = _now()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: D102
-        now = self._now()
-        self.between += now - (self._end or now)
-        self._begin = now
+        self._begin = self._lap("data_wait")
+        self._forward, self._optimizer = 0.0, None
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):  # noqa: D102
+        self._optimizer = _now()
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: D102
-        self._end = self._now()
-        self.compute += self._end - (self._begin or self._end)
+        now = _now()
+        split = self._optimizer or now  # no optimizer callback (some engines): all of it counts as backward
+        self.times["forward"] += self._forward
+        self.times["backward"] += max(split - self._begin - self._forward, 0.0)
+        self.times["optimizer"] += now - split
+        self._mark = now
         self.steps += 1
-        if torch.cuda.is_available():
-            used = torch.cuda.memory_reserved() / torch.cuda.get_device_properties(0).total_memory
-            if used > MEMORY_LIMIT:
-                log.error("device memory at %.0f%% (> %.0f%%): saving a checkpoint and stopping; lower the batch "
-                          "size or max_length, then rerun to resume", 100 * used, 100 * MEMORY_LIMIT)
-                self.memory_stop = True
-                control.should_save = True
-                control.should_training_stop = True
+        used, limit = memory_used(), memory_limit()
+        if any_rank(used > limit):
+            log.error("device memory over %.0f%% on a rank (here %.0f%%): saving a checkpoint and stopping on every "
+                      "rank; lower the batch size or max_length, then rerun to resume", 100 * limit, 100 * used)
+            self.memory_stop = True
+            control.should_save = True
+            control.should_training_stop = True
         return control
 
+    def on_evaluate(self, args, state, control, **kwargs):  # noqa: D102
+        self._lap("eval")
+
     def on_save(self, args, state, control, **kwargs):  # noqa: D102
-        now = self._now()
-        self.saving += now - (self._end or now)
-        self._end = now
+        self._lap("save")
 
     def summary(self, model: Any, tokens: int, runtime: float, precision: str, world_size: int) -> dict:
         """The stage's telemetry fields (stage.json, log, leaderboard)."""
@@ -108,9 +167,10 @@ class Telemetry(TrainerCallback):
         peak = peak_flops(device, precision)
         mfu = None
         if peak and runtime > 0 and tokens:
-            per_token = flops_per_token(sum(p.numel() for p in model.parameters()), model.config.num_hidden_layers,
-                                        model.config.hidden_size, seq_len)
+            per_token = flops_per_token(full_numel(model), model.config.num_hidden_layers, model.config.hidden_size,
+                                        seq_len)
             mfu = round(tokens * per_token / (runtime * peak * world_size), 4)
+        t = self.times
         return {
             "samples": c.samples if c else None,
             "tokens_in_batches": c.real if c else None,
@@ -118,9 +178,9 @@ class Telemetry(TrainerCallback):
             "padding_fraction": round(1 - c.real / c.total, 4) if c and c.total else None,
             "mfu": mfu,
             "device": device or "cpu",
-            "compute_s": round(self.compute, 2),
-            "data_wait_s": round(max(self.between - self.saving, 0.0), 2),
-            "save_s": round(self.saving, 2),
+            "compute_s": round(t["forward"] + t["backward"] + t["optimizer"], 2),
+            **{f"{k}_s": round(v, 2) for k, v in t.items()},
             "peak_memory_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if device else None,
+            "peak_memory_fraction": round(memory_used(), 4),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,5 +51,7 @@ def on_policy_pairs(model_path: str | Path, prompts: list[Chat], answers: list[s
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=inference_dtype("auto"))
     if torch.cuda.is_available():
         model.to("cuda")
+    started = time.perf_counter()
     samples = sample_answers(model, tokenizer, prompts, k, max_new_tokens, temperature, batch_size, seed)
-    return build_pairs(prompts, answers, samples)
+    pairs, stats = build_pairs(prompts, answers, samples)
+    return pairs, {**stats, "sampling_s": round(time.perf_counter() - started, 2)}

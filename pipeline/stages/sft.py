@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow.compute as pc
 from trl import SFTConfig, SFTTrainer
 
-from pipeline import chat, tokcache
+from pipeline import chat, packing, tokcache
 from pipeline.config import ConfigError, cache_dir
 from pipeline.data import load_mixture
 from pipeline.runfolder import StageContext
@@ -59,7 +59,7 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
     wrapped = stage.packing and stage.packing_strategy == "wrapped"
     return SFTConfig(
         **common_args(stage, work_dir, seed, precision),
-        packing=stage.packing,
+        packing=stage.packing and not packing.applies(stage),  # ours: rows kept apart (packing.py)
         packing_strategy=stage.packing_strategy,
         padding_free=stage.padding_free and not wrapped,
         train_sampling_strategy=stage.sampling,
@@ -78,9 +78,13 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
     check_columns(dataset, stage, tok, stage_dir.name)
     dataset = tokcache.tokenised(dataset, stage, tok, cache, stage_dir.name)
     truncated = check_lengths(dataset, stage, stage_dir.name)
+    packed = packing.applies(stage)
+    if packed:
+        dataset = packing.pack(dataset, stage.max_length, stage.packing_strategy)
     args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision)  # first: ZeRO-3 then shards the load
     trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
-                         processing_class=tok, peft_config=lora_config(stage))
+                         processing_class=tok, peft_config=lora_config(stage),
+                         data_collator=packing.collator(tok) if packed else None)
     return {**fit(trainer, tok, stage_dir, stage.nonfinite_limit), "truncated_rows": truncated}
 
 
