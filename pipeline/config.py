@@ -151,7 +151,8 @@ class OnPolicyConfig:
     samples: int = arg("answers sampled per prompt", 4)
     max_new_tokens: int = arg("most tokens sampled per answer", 128)
     temperature: float = arg("sampling temperature", 1.0)
-    max_prompts: int = arg("0: all prompts", 0)
+    max_prompts: int = arg("most prompts sampled: the first N of the mixture (shuffled with its seed); "
+                           "0: all prompts", 0)
     batch_size: int = arg("prompts per generation batch", 32)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from pipeline import charts, stats
 from pipeline.files import read_json, write_json, write_text
 
+STEP_TIMES = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "eval_s", "save_s")  # telemetry's breakdown
 HYPER = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
          "gradient_accumulation_steps", "beta", "loss_type")
 
@@ -46,6 +47,7 @@ def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict 
     row.update(tokens=metrics.get("tokens"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
                padding_fraction=metrics.get("padding_fraction"),
                train_wall_time_s=record.get("wall_time_s"), eval_wall_time_s=ev.get("wall_time_s"))
+    row.update({key: metrics[key] for key in STEP_TIMES if metrics.get(key) is not None})
     return row
 
 

@@ -37,9 +37,8 @@ def test_real_weights_sft_on_policy_apo_then_stock_transformers_and_lm_eval(tmp_
     model = smollm2_checkpoint()
     train = [json.loads(line) for line in (GSM8K / "train.jsonl").read_text().splitlines()[:16]]
     sft = _mixture(tmp_path, "sft", train, {"user": "question", "assistant": "answer"})
-    easy = [{"prompt": [{"role": "user", "content": f"Reply with exactly this line: #### {n}"}], "answer": str(n)}
-            for n in (5, 12)]
-    prompts = _mixture(tmp_path, "prompts", easy)  # conversational prompts (string prompts: the data layer's part)
+    easy = [{"prompt": f"Reply with exactly this line: #### {n}", "answer": str(n)} for n in (5, 12)]
+    prompts = _mixture(tmp_path, "prompts", easy)  # string prompts, as gsm8k_rl's: the data layer makes them chats
     pairs = [{"prompt": r["prompt"], "chosen": [{"role": "assistant", "content": f"#### {r['answer']}"}],
               "rejected": [{"role": "assistant", "content": "#### 0"}]} for r in easy]
     offline = _mixture(tmp_path, "pairs", pairs)  # DPO still trains when the sampled answers give no pair
