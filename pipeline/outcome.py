@@ -10,6 +10,7 @@ Slurm array task sharing the folder) writes `outcome-dpo-candidate-<i>.json` ins
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -45,12 +46,14 @@ class Outcome:
 
     def start(self) -> None:
         """Remove the previous invocation's outcome (a missing file now means: not finished)."""
-        self.path.unlink(missing_ok=True)
+        if self.path.parent.is_dir():  # a run folder that cannot exist (e.g. under a file) is reported later
+            self.path.unlink(missing_ok=True)
 
     def finish(self, code: int, reason: str) -> None:
         """Write the exit code, its name, the reason and the stage in progress, atomically."""
         if not self.path.parent.is_dir():
             return  # the run folder was never created (e.g. it is not writable): nothing to record into
-        write_json(self.path, {"exit_code": code, "outcome": NAMES.get(code, "crashed"), "reason": reason,
-                               "stage": _current["stage"], "started": self.started, "finished": _now(),
-                               "argv": self.argv})
+        with contextlib.suppress(OSError):  # a folder that cannot be written keeps the exit code as it is
+            write_json(self.path, {"exit_code": code, "outcome": NAMES.get(code, "crashed"), "reason": reason,
+                                   "stage": _current["stage"], "started": self.started, "finished": _now(),
+                                   "argv": self.argv})
