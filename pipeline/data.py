@@ -308,7 +308,7 @@ def hub_source(repo: str, name: str, splits: list[str], cfg: DictConfig) -> dict
         return {"path": str(root), "name": name or None}
     folder = f"{name}/" if name else ""
     return {"path": str(root), "name": None,
-            "data_files": {s: [f"{folder}{s}.*", f"{folder}{s}-*"] for s in splits}}
+            "data_files": {s: [f"{folder}{s}.*", f"{folder}{s}-*"] for s in (split.split("[")[0] for split in splits)}}
 
 
 def _load_hub(src: DictConfig, i: int, seed: int, cfg: DictConfig) -> Any:

@@ -70,6 +70,8 @@ def write_tasks(cfg: DictConfig, out: Path) -> Path:
         except KeyError as err:
             raise ConfigError(f"task template {template.name} uses an unknown placeholder {err}") from None
         write_text(out / template.name, text)
+    for helper in sorted(TASK_TEMPLATES.glob("*.py")):  # functions the YAMLs name (`!function module.name`)
+        write_text(out / helper.name, helper.read_text(encoding="utf-8"))
     return out
 
 
@@ -105,6 +107,19 @@ def expected_metrics(ev: dict, tasks_dir: Path) -> set[str]:
         filters = [f["name"] for f in entry.cfg.get("filter_list", [])] or ["none"]
         out |= {f"{task}/{m},{f}" for m in metrics for f in filters}
     return out
+
+
+def split_of(task_config: dict) -> str:
+    """Which split a task scores: its `metadata.split` (the shipped tasks say `validation` or `test`), else the
+    split lm-eval evaluates (`test_split`, or `validation_split` when it has no test split)."""
+    stated = (task_config.get("metadata") or {}).get("split")
+    return stated or task_config.get("test_split") or task_config.get("validation_split") or "test"
+
+
+def metric_splits(ev: dict, tasks_dir: Path) -> dict[str, str]:
+    """`<task>` -> the split it scores (`split_of`), for `ev`'s tasks, read from their configs."""
+    tm = _task_manager(ev, tasks_dir)
+    return {task: split_of(tm.task_index[task].cfg) for task in ev["tasks"] if task in tm.task_index}
 
 
 @contextlib.contextmanager
@@ -183,6 +198,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
         "stderr": stderr,
         "samples": {t: v["effective"] for t, v in results.get("n-samples", {}).items()},
         "task_configs": results.get("configs", {}),
+        "splits": {task: split_of(config) for task, config in results.get("configs", {}).items()},
         "settings": ev,
         "prompt_format": describe_format(fmt),
         "wall_time_s": round(time.time() - started, 2),

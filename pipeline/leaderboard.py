@@ -38,6 +38,7 @@ def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict 
         row[name] = value
         if name in ev.get("stderr", {}):
             row[f"{name} stderr"] = ev["stderr"][name]
+    row["splits"] = ", ".join(f"{task}: {split}" for task, split in (ev.get("splits") or {}).items())
     row["prompt_format"] = ev.get("prompt_format", "")  # base and stages may be scored on different formats
     gate = record.get("gate")
     row["gate"] = f"{gate['verdict']}: {gate['reason']}" if gate else ""
@@ -94,10 +95,18 @@ def to_csv(table: list[dict]) -> str:
     return buf.getvalue()
 
 
+def headers(table: list[dict]) -> dict[str, str]:
+    """Column name -> header: a metric's says which split its number comes from, e.g.
+    `tiny_gsm_val/exact_match,strict-match [validation]` (from the rows' `splits`)."""
+    split = dict(part.split(": ", 1) for r in table for part in filter(None, (r.get("splits") or "").split(", ")))
+    return {c: f"{c} [{split[c.split('/')[0]]}]" if "/" in c and c.split("/")[0] in split else c
+            for c in columns(table)}
+
+
 def to_markdown(table: list[dict]) -> str:
-    """The table as a Markdown pipe table."""
-    cols = columns(table)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    """The table as a Markdown pipe table (metric headers name their split)."""
+    cols, names = columns(table), headers(table)
+    lines = ["| " + " | ".join(names[c] for c in cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_fmt(r.get(c)).replace("|", "/") for c in cols) + " |" for r in table]
     return "\n".join(lines) + "\n"
 
@@ -137,7 +146,8 @@ def _verdict(row: dict) -> str:
 
 
 def _headline(stages: list[dict], metrics: list[str], label) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["checkpoint", "selected", *metrics, "gate"])
+    names = headers(stages)
+    head = "".join(f"<th>{html.escape(names.get(c, c))}</th>" for c in ["checkpoint", "selected", *metrics, "gate"])
     body = "".join(f"<tr{_fail(r)}><td>{html.escape(label(r))}</td>"
                    f"<td>{html.escape(r['candidate'].removeprefix('selected: '))}</td>"
                    + "".join(f"<td>{_with_stderr(r, m)}</td>" for m in metrics)

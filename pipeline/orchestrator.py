@@ -60,6 +60,10 @@ def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
         if gate.metric and gate.metric not in produced:
             raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce "
                               f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
+        task = gate.metric.partition("/")[0]
+        if gate.metric and evaluate.metric_splits(ev, tasks_dir).get(task) == "test":
+            log.warning("the gate of stage %s judges %s on a test split: test numbers are for the report; gate and "
+                        "select on a validation task (e.g. tiny_gsm_val, gsm8k_local_val)", name, task)
 
 
 def open_run_dir(root: Path, lock: RunLock) -> str | None:

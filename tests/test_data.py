@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -15,6 +16,10 @@ from pipeline.data import fingerprints, load_mixture, normalise
 from pipeline.tiny.data import build_splits
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+_spec = importlib.util.spec_from_file_location("gsm8k_validation", ROOT / "eval" / "tasks" / "gsm8k_validation.py")
+validation_slice = importlib.util.module_from_spec(_spec)  # the lm-eval helper of task gsm8k_local_val
+_spec.loader.exec_module(validation_slice)
+ROWS = validation_slice.ROWS
 
 
 def _cfg(tmp_path: Path):
@@ -34,12 +39,12 @@ def test_gsm8k_loads_through_the_shipped_mixture_from_a_plain_local_copy(tmp_pat
     (copy / "train.jsonl").symlink_to(GSM8K)
     cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", f"hub_mirror={tmp_path / 'hub'}"])
     ds = load_mixture("gsm8k", cfg)
-    assert len(ds) == 7473 and ds.column_names == ["messages"]
+    assert len(ds) == 7473 - ROWS and ds.column_names == ["messages"]  # the last ROWS: the validation slice
     roles = [m["role"] for m in ds[0]["messages"]]
     assert roles == ["user", "assistant"]
     assert re.search(r"\n#### -?[\d,.]+$", ds[0]["messages"][1]["content"])
     (fp,) = fingerprints("gsm8k", cfg)
-    assert fp == {"hub": "openai/gsm8k", "name": "main", "split": "train", "revision": "main",
+    assert fp == {"hub": "openai/gsm8k", "name": "main", "split": f"train[:-{ROWS}]", "revision": "main",
                   "mirror": str(tmp_path / "hub")}
 
 
@@ -98,3 +103,19 @@ def test_tiny_splits_follow_gsm8k_format_and_test_is_disjoint():
             assert eval(f"{a}{op}{b}") == int(c)  # noqa: S307 - digits and one operator, checked by the regex
     for pair in splits["prefs"]:
         assert pair["chosen"][0]["content"].split("#### ")[1] != pair["rejected"][0]["content"].split("#### ")[1]
+
+
+@pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/data/gsm8k is not beside this checkout")
+def test_gsm8k_validation_slice_is_held_out_of_every_gsm8k_mixture(tmp_path):
+    import datasets
+
+    copy = tmp_path / "hub" / "openai" / "gsm8k" / "main"
+    copy.mkdir(parents=True)
+    (copy / "train.jsonl").symlink_to(GSM8K)
+    cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", f"hub_mirror={tmp_path / 'hub'}"])
+    validation = validation_slice.last_rows(datasets.load_dataset("json", data_files=str(GSM8K), split="train"))
+    held_out = set(validation["question"])
+    assert len(held_out) == ROWS
+    sft = {r["messages"][0]["content"] for r in load_mixture("gsm8k", cfg)}
+    rl = {r["prompt"][0]["content"] for r in load_mixture("gsm8k_rl", cfg)}
+    assert not held_out & sft and not held_out & rl and len(sft | held_out) == 7473
