@@ -38,7 +38,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
 )
 DOC_SEP = "<|endoftext|>"
-DATA_VERSION = 4  # bump when the generator changes, so caches are rebuilt
+DATA_VERSION = 5  # bump when the generator changes, so caches are rebuilt
 DATA_KEYS = ("seed", "sft_examples", "midtrain_examples", "general_examples", "pretrain_examples", "test_examples")
 
 
@@ -46,20 +46,20 @@ def make_problem(rng: random.Random, steps: int) -> dict:
     """One GSM8K-style word problem with `steps` arithmetic steps, `<<a+b=c>>` notes and `#### N`."""
     name, friend = rng.sample(NAMES, 2)
     item = rng.choice(ITEMS)
-    value = rng.randint(2, 15)
+    value = rng.randint(2, 9)
     story, work = [f"{name} has {value} {item}s."], []
     for _ in range(steps):
-        op = rng.choice("+-*") if value <= 12 else rng.choice("+-")
+        op = rng.choice("+-*") if value <= 9 else rng.choice("+-")
         if op == "+":
-            b = rng.randint(1, 9)
+            b = rng.randint(1, 6)
             story.append(f"Then {name} gets {b} more {item}s.")
             expr, new = f"{value}+{b}", value + b
         elif op == "-" and value > 1:
-            b = rng.randint(1, min(value - 1, 9))
+            b = rng.randint(1, min(value - 1, 6))
             story.append(f"Then {name} gives {b} {item}s to {friend}.")
             expr, new = f"{value}-{b}", value - b
         else:
-            b = rng.randint(2, 3)
+            b = rng.randint(2, 3) if value <= 6 else 2
             story.append(f"Then the number of {item}s {name} has becomes {b} times as large.")
             expr, new = f"{value}*{b}", value * b
         work.append(f"{name} has {expr} = <<{expr}={new}>>{new} {item}s.")
