@@ -63,7 +63,8 @@ def write_tasks(cfg: DictConfig, out: Path) -> Path:
     values.update(gsm8k_path=json.dumps(source["path"]), gsm8k_name=json.dumps(source["name"]),
                   gsm8k_kwargs=json.dumps({"data_files": source["data_files"]} if "data_files" in source else None))
     tiny = GENERATORS["tiny"]  # cheap to generate (cached), so tiny_gsm always works
-    values.update(tiny_train=str(tiny(cfg, "gsm_train").resolve()), tiny_test=str(tiny(cfg, "test").resolve()))
+    values.update({f"tiny_{split}": str(tiny(cfg, name).resolve())
+                   for split, name in (("train", "gsm_train"), ("test", "test"), ("validation", "validation"))})
     for template in sorted(TASK_TEMPLATES.glob("*.yaml")):
         try:
             text = string.Template(template.read_text(encoding="utf-8")).substitute(values)

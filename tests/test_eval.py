@@ -177,3 +177,28 @@ def test_gsm8k_from_local_files_scores_a_real_checkpoint(gated_run, tmp_path):
     assert [r["exact_match"] for r in sorted(rescored, key=lambda r: r["doc_id"])][4:] == [0.0] * 4
     real_right = sum(r["exact_match"] for r in samples) / 4  # the real score: the checkpoint's answers vs GSM8K's
     assert real["metrics"]["gsm8k_local/exact_match,flexible-extract"] == pytest.approx(real_right)
+
+
+def test_validation_task_is_disjoint_scored_and_labelled(tmp_path, tiny_base, caplog):
+    from pipeline.orchestrator import check_gates
+    from pipeline.tiny.data import build_splits
+
+    cfg = load_config(["recipe=tiny", *FAST, "eval.tasks=[tiny_gsm_val,tiny_gsm]", "eval.limit=5",
+                       "eval.max_gen_toks=32", f"output_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}"])
+    splits = build_splits({k: cfg.tiny[k] for k in ("seed", "sft_examples", "midtrain_examples", "general_examples",
+                                                    "pretrain_examples", "test_examples", "validation_examples")})
+    validation = {r["question"] for r in splits["validation"]}
+    trained = {m["messages"][0]["content"] for s in ("sft", "reasoning") for m in splits[s]}
+    assert len(validation) == 50 and not validation & ({r["question"] for r in splits["test"]} | trained)
+    tasks = write_tasks(cfg, tmp_path / "tasks")
+    result = run_eval(tiny_base, settings(cfg, "sft"), tasks, tmp_path / "eval", cfg.model)
+    assert result["splits"] == {"tiny_gsm_val": "validation", "tiny_gsm": "test"}
+    assert result["samples"] == {"tiny_gsm_val": 5, "tiny_gsm": 5}
+    asked = {json.loads(line)["doc"]["question"] for line in (tmp_path / "eval/samples_tiny_gsm_val.jsonl").open()}
+    assert asked <= validation
+    row = {"run": "r", "checkpoint": "01-sft", "splits": "tiny_gsm_val: validation, tiny_gsm: test"}
+    headers = leaderboard.headers([{**row, "tiny_gsm_val/exact_match,strict-match": 0.1, METRIC: 0.2}])
+    assert headers[METRIC] == f"{METRIC} [test]"
+    assert headers["tiny_gsm_val/exact_match,strict-match"] == "tiny_gsm_val/exact_match,strict-match [validation]"
+    check_gates(cfg, tasks)  # FAST gates judge the test task: allowed, with a warning
+    assert "judges tiny_gsm on a test split" in caplog.text

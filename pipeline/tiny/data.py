@@ -4,8 +4,8 @@ cached under `<cache_dir>/tiny-data-<hash>/<split>.jsonl`. Mixtures read them as
 Splits: `pretrain` (general text, problem statements, arithmetic facts), `sft` (chat problems
 with worked answers), `reasoning` (harder worked problems, chat), `arithmetic` (worked `<<a+b=c>>` drills),
 `general` (plain text),
-`test` (held-out problems in GSM8K's columns `question`/`answer`, disjoint from all training
-splits), `gsm_train` (the SFT problems in GSM8K's columns, for few-shot examples), `prefs`
+`test` and `validation` (held-out problems in GSM8K's columns `question`/`answer`, disjoint from each
+other and from all training splits; tasks tiny_gsm and tiny_gsm_val), `gsm_train` (the SFT problems in GSM8K's columns, for few-shot examples), `prefs`
 (prompt/chosen/rejected) and `rl` (prompt/answer).
 """
 
@@ -27,28 +27,29 @@ ANIMALS = ["cat", "dog", "bird", "fox", "horse", "rabbit", "duck", "goat"]
 ADJS = ["small", "happy", "quiet", "brown", "old", "quick", "lazy", "bright"]
 PLACES = ["in the garden", "by the river", "near the house", "on the hill", "in the park"]
 VERBS = ["sleeps", "runs", "sits", "plays", "waits", "eats", "walks", "looks around"]
-DATA_VERSION = 4  # bump when the generator changes, so caches are rebuilt
-DATA_KEYS = ("seed", "sft_examples", "midtrain_examples", "general_examples", "pretrain_examples", "test_examples")
+DATA_VERSION = 5  # bump when the generator changes, so caches are rebuilt
+DATA_KEYS = ("seed", "sft_examples", "midtrain_examples", "general_examples", "pretrain_examples", "test_examples",
+             "validation_examples")
 
 
 def make_problem(rng: random.Random, steps: int) -> dict:
     """One GSM8K-style word problem with `steps` arithmetic steps, `<<a+b=c>>` notes and `#### N`."""
     name, friend = rng.sample(NAMES, 2)
     item = rng.choice(ITEMS)
-    value = rng.randint(2, 15)
+    value = rng.randint(2, 9)
     story, work = [f"{name} has {value} {item}s."], []
     for _ in range(steps):
-        op = rng.choice("+-*") if value <= 12 else rng.choice("+-")
+        op = rng.choice("+-*") if value <= 9 else rng.choice("+-")
         if op == "+":
-            b = rng.randint(1, 9)
+            b = rng.randint(1, 6)
             story.append(f"Then {name} gets {b} more {item}s.")
             expr, new = f"{value}+{b}", value + b
         elif op == "-" and value > 1:
-            b = rng.randint(1, min(value - 1, 9))
+            b = rng.randint(1, min(value - 1, 6))
             story.append(f"Then {name} gives {b} {item}s to {friend}.")
             expr, new = f"{value}-{b}", value - b
         else:
-            b = rng.randint(2, 3)
+            b = rng.randint(2, 3) if value <= 6 else 2
             story.append(f"Then the number of {item}s {name} has becomes {b} times as large.")
             expr, new = f"{value}*{b}", value * b
         work.append(f"{name} has {expr} = <<{expr}={new}>>{new} {item}s.")
@@ -93,15 +94,25 @@ def _chat(problem: dict) -> dict:
                          {"role": "assistant", "content": problem["answer"]}]}
 
 
-def build_splits(params: dict) -> dict[str, list[dict]]:
-    """All synthetic splits for the given data parameters (deterministic in `params['seed']`)."""
-    rng = random.Random(params["seed"])
-    test, seen = [], set()
-    while len(test) < params["test_examples"]:
+def _held_out(rng: random.Random, n: int, seen: set[str]) -> list[dict]:
+    """`n` new problems in GSM8K's columns, none of whose questions is in `seen` (which they join)."""
+    out = []
+    while len(out) < n:
         problem = make_problem(rng, rng.randint(1, 3))
         if problem["question"] not in seen:
             seen.add(problem["question"])
-            test.append({"question": problem["question"], "answer": problem["answer"]})
+            out.append({"question": problem["question"], "answer": problem["answer"]})
+    return out
+
+
+def build_splits(params: dict) -> dict[str, list[dict]]:
+    """All synthetic splits for the given data parameters (deterministic in `params['seed']`).
+
+    `test` is drawn first and `validation` last, each disjoint from every other split's problems.
+    """
+    rng = random.Random(params["seed"])
+    seen: set[str] = set()
+    test = _held_out(rng, params["test_examples"], seen)
 
     def fresh(n: int, steps: Callable[[], int]) -> list[dict]:
         out = []
@@ -124,7 +135,7 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
             pretrain.append({"text": f"{a}+{b}={a + b}. {a + b}-{b}={a}. {b}*{k}={b * k}."})
         else:
             pretrain.append({"text": general_text(rng)})
-    return {
+    splits = {
         "pretrain": pretrain,
         "sft": [_chat(p) for p in sft],
         "reasoning": [_chat(p) for p in reasoning],
@@ -137,6 +148,8 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
                    "rejected": [{"role": "assistant", "content": wrong_answer(rng, p)}]} for p in prefs],
         "rl": [{"prompt": [{"role": "user", "content": p["question"]}], "answer": str(p["result"])} for p in rl],
     }
+    seen |= {p["question"] for p in sft + reasoning + prefs + rl} | {row["text"] for row in pretrain}
+    return {**splits, "validation": _held_out(rng, params["validation_examples"], seen)}
 
 
 def tiny_dir(cache: Path, tiny: dict) -> Path:
