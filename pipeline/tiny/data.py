@@ -3,10 +3,10 @@ cached under `<cache_dir>/tiny-data-<hash>/<split>.jsonl`. Mixtures read them as
 
 Splits: `pretrain` (general text, problem statements, arithmetic facts), `sft` (chat problems
 with worked answers), `reasoning` (harder worked problems, chat), `arithmetic` (worked `<<a+b=c>>` drills),
-`general` (plain text),
-`test` and `validation` (held-out problems in GSM8K's columns `question`/`answer`, disjoint from each
-other and from all training splits; tasks tiny_gsm and tiny_gsm_val), `gsm_train` (the SFT problems in GSM8K's columns, for few-shot examples), `prefs`
-(prompt/chosen/rejected) and `rl` (prompt/answer).
+`general` (plain text), `test` and `validation` (held-out problems in GSM8K's columns `question` /
+`answer`, disjoint from each other and from all training splits; tasks tiny_gsm and tiny_gsm_val),
+`gsm_train` (the SFT problems in GSM8K's columns, for few-shot examples), `prefs` (prompt / chosen /
+rejected) and `rl` (prompt / answer).
 """
 
 from __future__ import annotations
