@@ -88,13 +88,15 @@ def test_user_assistant_columns_build_a_chat():
 
 def test_tiny_splits_follow_gsm8k_format_and_test_is_disjoint():
     params = {"seed": 3, "sft_examples": 300, "midtrain_examples": 200, "general_examples": 10,
-              "pretrain_examples": 30, "test_examples": 50}
+              "pretrain_examples": 30, "test_examples": 50, "validation_examples": 40}
     splits = build_splits(params)
     assert splits == build_splits(params)  # seeded
     test_q = {r["question"] for r in splits["test"]}
     train_q = {r["messages"][0]["content"] for k in ("sft", "reasoning") for r in splits[k]}
     train_q |= {r["prompt"][0]["content"] for k in ("prefs", "rl") for r in splits[k]}
+    val_q = {r["question"] for r in splits["validation"]}
     assert len(test_q) == 50 and not test_q & train_q
+    assert len(val_q) == 40 and not val_q & (test_q | train_q)
     for row in splits["test"]:
         *steps, final = row["answer"].split("\n")
         assert 1 <= len(steps) <= 3 and re.fullmatch(r"#### -?\d+", final)

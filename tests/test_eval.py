@@ -181,12 +181,11 @@ def test_gsm8k_from_local_files_scores_a_real_checkpoint(gated_run, tmp_path):
 
 def test_validation_task_is_disjoint_scored_and_labelled(tmp_path, tiny_base, caplog):
     from pipeline.orchestrator import check_gates
-    from pipeline.tiny.data import build_splits
+    from pipeline.tiny.data import DATA_KEYS, build_splits
 
     cfg = load_config(["recipe=tiny", *FAST, "eval.tasks=[tiny_gsm_val,tiny_gsm]", "eval.limit=5",
                        "eval.max_gen_toks=32", f"output_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}"])
-    splits = build_splits({k: cfg.tiny[k] for k in ("seed", "sft_examples", "midtrain_examples", "general_examples",
-                                                    "pretrain_examples", "test_examples", "validation_examples")})
+    splits = build_splits({k: cfg.tiny[k] for k in DATA_KEYS})
     validation = {r["question"] for r in splits["validation"]}
     trained = {m["messages"][0]["content"] for s in ("sft", "reasoning") for m in splits[s]}
     assert len(validation) == 50 and not validation & ({r["question"] for r in splits["test"]} | trained)

@@ -215,7 +215,7 @@ def _format_pairs(path: Path, n: int) -> Path:
     from pipeline.tiny.data import build_splits
 
     splits = build_splits({"seed": 7, "sft_examples": n, "midtrain_examples": 1, "general_examples": 1,
-                           "pretrain_examples": 1, "test_examples": 1})
+                           "pretrain_examples": 1, "test_examples": 1, "validation_examples": 1})
     with open(path / "pairs.jsonl", "w", encoding="utf-8") as fh:
         for row in splits["sft"]:
             question, answer = (m["content"] for m in row["messages"])
