@@ -72,7 +72,7 @@ def test_chain_on_two_processes_matches_one_process_with_accumulation(config, di
         steps, losses = zip(*m["losses"], strict=True)
         ref_steps, ref_losses = zip(*reference["metrics"]["losses"], strict=True)
         assert steps == ref_steps == tuple(range(1, len(steps) + 1))
-        assert losses[-1] < losses[0], losses  # a curve that moves, so matching it means something
+        assert max(losses) - min(losses) > 1e-3, losses  # a curve that moves, so matching it means something
         assert list(losses) == pytest.approx(ref_losses, abs=LOSS_TOL), stage
 
         # the handoff: an ordinary HF checkpoint with every weight in full (ZeRO-3 gathers its shards)

@@ -17,6 +17,7 @@ from pipeline.config import grid, load_config
 from pipeline.gsm import is_correct
 from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
+from pipeline.tiny.data import split_file
 from pipeline.training import load_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -106,7 +107,7 @@ def test_on_policy_pairs_are_correct_over_incorrect(sweep_run, cache_dir):
     run, _, _ = sweep_run
     stats = json.loads((run / "stages/03-dpo/on_policy_stats.json").read_text())
     assert stats["prompts"] == 24 and stats["samples"] == 24 * 4
-    (rl,) = Path(cache_dir).glob("tiny-data-*/rl.jsonl")
+    rl = split_file(load_config(["recipe=tiny", *FAST, f"cache_dir={cache_dir}"]), "rl")  # this setup's prompts
     answers = {}
     for line in rl.read_text().splitlines():
         row = json.loads(line)
