@@ -38,16 +38,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = load_config(argv)
-    except ConfigError as err:
-        if _main_process():
-            print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if cfg.plan.enabled:  # dry run: print the plan, load nothing
-        from pipeline.plan import report
+        if cfg.plan.enabled:  # dry run: print the plan, load nothing
+            from pipeline.plan import report
 
-        text = report(cfg)
-        if _main_process():
-            print(text)
+            text = report(cfg)
+    except ConfigError as err:
+        _say(f"error: {err}")
+        return EXIT_BAD_INPUT
+    if cfg.plan.enabled:
+        _say(text, sys.stdout)
         return 0
     return run(cfg, argv)
 
@@ -95,9 +94,9 @@ def run(cfg, argv: list[str]) -> int:
     return code
 
 
-def _say(message: str) -> None:
+def _say(message: str, stream=None) -> None:
     if _main_process():
-        print(message, file=sys.stderr)
+        print(message, file=stream or sys.stderr)
 
 
 def _crashed(log_path: Path, reason: str) -> None:
