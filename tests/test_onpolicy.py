@@ -14,7 +14,7 @@ from pipeline.tiny.data import data_dir
 from pipeline.tiny.model import build_tokenizer
 
 TINY = {"seed": 0, "sft_examples": 50, "midtrain_examples": 10, "general_examples": 10, "pretrain_examples": 30,
-        "test_examples": 5}
+        "test_examples": 5, "validation_examples": 5}
 
 
 def test_extract_answer():
