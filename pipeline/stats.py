@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from pipeline.files import read_json
+from pipeline.runfolder import candidate_dir
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 
@@ -52,7 +53,7 @@ def paired_difference(a_dir: Path, b_dir: Path, metric: str) -> dict | None:
 def eval_dir(stage_dir: Path) -> Path:
     """Where a stage's scored model kept its samples: `eval/`, or a sweep's selected candidate's `eval/`."""
     selected = ((read_json(Path(stage_dir) / "stage.json") or {}).get("metrics") or {}).get("selected")
-    return Path(stage_dir) / "candidates" / selected / "eval" if selected else Path(stage_dir) / "eval"
+    return (candidate_dir(stage_dir, selected) if selected else Path(stage_dir)) / "eval"
 
 
 def input_stage(stage_dir: Path) -> Path | None:
