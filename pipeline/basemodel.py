@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from transformers import AutoConfig
 
 from pipeline.config import ConfigError, cache_dir
 from pipeline.tiny import data as tiny_data
@@ -34,6 +35,10 @@ def check_model_path(cfg: DictConfig) -> None:
     if path.exists():
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.name_or_path {name} is not a checkpoint folder (no config.json)")
+        try:
+            AutoConfig.from_pretrained(path)
+        except (ValueError, OSError, KeyError) as err:  # malformed JSON, or no / an unknown model_type
+            raise ConfigError(f"model.name_or_path {name}: its config.json cannot be read: {err}") from None
     elif name.startswith(("/", ".", "~")) or name.count("/") > 1:
         raise ConfigError(f"model.name_or_path {name} does not exist (and is not a Hub id like org/name)")
 

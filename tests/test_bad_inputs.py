@@ -59,6 +59,9 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
     (no_template / "tokenizer_config.json").write_text(json.dumps(cfg))
     not_ckpt = tmp / "not_a_checkpoint"
     not_ckpt.mkdir()
+    bad_config = tmp / "bad_config"
+    bad_config.mkdir()
+    (bad_config / "config.json").write_text('{"model_type": "llama", ')
     blocker = tmp / "a_file"
     blocker.write_text("x")
     return {
@@ -94,6 +97,7 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
                                                        "stage(s) sft need a chat template"),
         "model path that does not exist": (["model.name_or_path=/no/such/model"], "does not exist"),
         "model path that is not a checkpoint": ([f"model.name_or_path={not_ckpt}"], "not a checkpoint folder"),
+        "checkpoint with a malformed config.json": ([f"model.name_or_path={bad_config}"], "config.json cannot be read"),
         "output folder that cannot be written": ([f"output_root={blocker}/runs"], "cannot write the run folder"),
         "sweep with an empty grid": (["stages=[dpo]", "dpo.sweep.beta=[]"], "empty grid"),
         "dpo sweep without a metric to pick by": (["stages=[sft,dpo]", "dpo.gate.metric="], "picks its model among 4"),
