@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoConfig
 
 from pipeline.config import ConfigError, cache_dir
 from pipeline.tiny import data as tiny_data
@@ -35,6 +34,8 @@ def check_model_path(cfg: DictConfig) -> None:
     if path.exists():
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.name_or_path {name} is not a checkpoint folder (no config.json)")
+        from transformers import AutoConfig  # here, not at the top: plan=true imports this module without torch
+
         try:
             AutoConfig.from_pretrained(path)
         except (ValueError, OSError, KeyError) as err:  # malformed JSON, or no / an unknown model_type

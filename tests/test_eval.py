@@ -82,7 +82,8 @@ def test_each_checkpoint_has_a_model_card(gated_run):
         assert f"| {stage} | tiny_sft" in card.text or f"| {stage} | tiny_midtrain" in card.text
         assert f"{record['eval']['metrics'][METRIC]:.4f} +- {record['eval']['stderr'][METRIC]:.4f}" in card.text
     final = ModelCard.load(gated_run / "stages/02-midtrain/model/README.md").text
-    assert "| 01-sft | tiny_sft (sft) | learning_rate=0.001, max_steps=30" in final  # the whole chain
+    sft_lr = json.loads((gated_run / "stages/01-sft/stage.json").read_text())["config"]["learning_rate"]
+    assert f"| 01-sft | tiny_sft (sft) | learning_rate={sft_lr:.4g}, max_steps=30" in final  # the whole chain
     assert "| 00-base |" in final and "warn: " in final
 
 
