@@ -153,7 +153,7 @@ def test_sweep_runs_one_job_per_candidate_then_the_selection(slurm, tiny_base, t
     t0 = time.time()
     sweep = ["stages=[sft,midtrain,dpo]", "dpo.mixture=tiny_prefs", "dpo.max_steps=4", "dpo.logging_steps=1",
              "dpo.per_device_train_batch_size=4", "dpo.sweep.beta=[0.05,0.2,0.5]", "dpo.sweep.learning_rate=[1e-3]",
-             "dpo.on_policy.max_prompts=24", "dpo.gate.max_drop=1.0"]
+             "dpo.on_policy.max_prompts=24", "dpo.gate.max_drop=1.0", "dpo.soup.top_k=2", "dpo.merge.stage=midtrain"]
     proc = _run(slurm, "slurm/sweep.sh", *_resources(tmp_path, cpus=1), "recipe=tiny", f"output_root={tmp_path}",
                 f"cache_dir={cache_dir}", *FAST, *sweep)
     assert proc.returncode == 0, proc.stderr
