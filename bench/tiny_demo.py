@@ -7,9 +7,9 @@ Runs `pipeline/run.py recipe=tiny` in a fresh output folder (bootstrap included:
 base-model pretraining; `--reuse` keeps the folder, so finished stages are read, not rerun), then reads
 each stage's per-problem results (`stages/NN-x/eval/samples_tiny_gsm.jsonl`) and prints JSON with:
 accuracy and its standard error per checkpoint; the paired difference to the previous checkpoint on the
-same problems (wins, losses, exact two-sided McNemar p); each DPO candidate's first and last loss and
-last logged reward margin; wall time and the run's CPU seconds (user + system). On a busy machine, wall
-time says little: compare CPU seconds with those of a run measured on a quiet machine.
+same problems (wins, losses, exact two-sided McNemar p); each DPO candidate's first and last loss,
+last logged reward margin and validation accuracy; wall time and the run's CPU seconds (user + system). On a
+busy machine, wall time says little: compare CPU seconds with those of a run measured on a quiet machine.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = "eval/samples_tiny_gsm.jsonl"
+VALIDATION = "eval/samples_tiny_gsm_val.jsonl"  # sweep candidates are scored on validation only
 
 
 def per_problem(path: Path) -> dict[int, float]:
@@ -52,16 +53,16 @@ def summary(scores: dict[int, float]) -> dict:
 
 
 def dpo_movement(stage_dir: Path) -> dict:
-    """Each sweep candidate's first / last loss, last logged reward margin and accuracy."""
+    """Each sweep candidate's first / last loss, last logged reward margin and validation accuracy."""
     out = {}
     for cand in sorted((stage_dir / "candidates").glob("*")):
         record = json.loads((cand / "stage.json").read_text()) if (cand / "stage.json").is_file() else {}
         metrics = record.get("metrics") or {}
         logged = metrics.get("last_logged") or {}
-        scores = cand / SAMPLES
+        scores = cand / VALIDATION
         out[cand.name] = {"loss_first": metrics.get("loss_first"), "loss_last": metrics.get("loss_last"),
                           "steps": metrics.get("steps"), "margin_last": logged.get("rewards/margins"),
-                          "accuracy": summary(per_problem(scores))["accuracy"] if scores.is_file() else None}
+                          "validation": summary(per_problem(scores))["accuracy"] if scores.is_file() else None}
     return out
 
 
@@ -70,8 +71,8 @@ def report(run: Path) -> dict:
     chain, previous = {}, None
     for stage_dir in sorted((run / "stages").glob("*")):
         record = json.loads((stage_dir / "stage.json").read_text()) if (stage_dir / "stage.json").is_file() else {}
-        selected = (record.get("metrics") or {}).get("selected")  # a sweep: its selected candidate's results
-        samples = stage_dir / "candidates" / selected / SAMPLES if selected else stage_dir / SAMPLES
+        selected = (record.get("metrics") or {}).get("selected")  # a sweep: the selected model, scored in stage_dir
+        samples = stage_dir / SAMPLES
         if not samples.is_file():
             continue
         scores = per_problem(samples)

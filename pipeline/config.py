@@ -114,6 +114,10 @@ class OptimConfig:
     max_length: int = arg("most tokens per training sequence", 2048)
     padding_free: bool = arg("batches without padding (flash attention's position ids)", False)
     activation_checkpointing: bool = arg("saves memory on large models; turn off for tiny ones", True)
+    matmul_precision: str = arg("fp32 matrix products in training steps (torch.set_float32_matmul_precision): "
+                                "highest | high (TF32 on NVIDIA GPUs) | medium (bf16 products, fp32 sums: GPUs, and "
+                                "CPUs with AMX / avx512_bf16); evaluation and sampling keep highest", "highest",
+                                added=True)
     logging_steps: int = arg("log every N optimiser steps", 10)
     save_steps: int = arg("save a resumable checkpoint every N steps", 500)
     lora: LoraConfig = arg("LoRA adapter settings (r = 0: full fine-tuning)", factory=LoraConfig)
@@ -279,6 +283,8 @@ class TinyConfig:
     pretrain_batch_size: int = arg("pretraining batch size", 16)
     pretrain_max_length: int = arg("pretraining sequence length", 256)
     pretrain_learning_rate: float = arg("pretraining learning rate", 2e-3)
+    matmul_precision: str = arg("the pretraining's fp32 matrix products (highest | high | medium; see a stage's "
+                                "matmul_precision)", "highest")
 
 
 @dataclass
@@ -334,6 +340,7 @@ CHOICES = {
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
     "sampling": ("random", "group_by_length"),
     "precision": ("auto", "bf16", "fp16", "fp32"),
+    "matmul_precision": ("highest", "high", "medium"),
     "load_dtype": ("auto", "fp32", "bf16"),
     "action": ("stop", "warn"),
     "reward": ("verifiable", "model"),
@@ -437,7 +444,7 @@ def validate(cfg: DictConfig) -> None:
     if len(set(cfg.stages)) != len(cfg.stages):
         raise ConfigError(f"'stages' lists a stage twice: {list(cfg.stages)}")
     for key, allowed in CHOICES.items():
-        for section in ("model", *STAGE_KINDS, *(f"{k}.gate" for k in STAGE_KINDS)):
+        for section in ("model", "tiny", *STAGE_KINDS, *(f"{k}.gate" for k in STAGE_KINDS)):
             value = OmegaConf.select(cfg, section).get(key)  # absent keys (not in this schema) give None
             if value is not None and value not in allowed:
                 raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")

@@ -249,11 +249,13 @@ def _fit(run: Run, d: StageDecision, ctx: StageContext) -> Trained | None:
     if not sweep.is_sweep(ctx.stage):
         return Trained(train(ctx), None)
     ev = evaluate.settings(run.cfg, d.name)
+    select = sweep.selection_settings(ev, ctx.stage.gate.metric)
 
     def score(model: Path, out: Path) -> dict:
-        return run.evaluate(model, ev, out)
+        return run.evaluate(model, select, out)
     if ctx.stage.sweep.candidate is None:
-        return sweep.run(ctx, d.fingerprint, train, score)
+        trained = sweep.run(ctx, d.fingerprint, train, score)
+        return trained if select == ev else Trained(trained.metrics, None)  # `_score` scores it on every task
     sweep.train_candidates(ctx, d.fingerprint, train, score, only=ctx.stage.sweep.candidate)
     return None
 

@@ -14,8 +14,10 @@ with `NonFiniteLimit` (exit code 2: change the recipe, e.g. the learning rate, b
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -68,6 +70,22 @@ def inference_dtype(precision: str) -> torch.dtype:
     """The dtype a checkpoint is loaded in for generation and evaluation: the autocast dtype on a GPU, else fp32."""
     mode = mixed_precision(precision)
     return DTYPES[mode] if torch.cuda.is_available() and mode != "no" else torch.float32
+
+
+@contextlib.contextmanager
+def matmul_precision(value: str) -> Iterator[None]:
+    """While inside, fp32 matrix products run at `value` (`torch.set_float32_matmul_precision`); restored after.
+
+    `medium` computes them from bf16 inputs with fp32 sums (AMX / avx512_bf16 on CPU, tensor cores on GPU); the
+    weights, activations and optimizer states stay fp32. On CPU sdpa's fused attention slows down under it
+    (measured 2026-12-01: its backward took 3.7x as long), so pair it with `attn_implementation=eager` there.
+    """
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(value)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
 
 
 def memory_args(stage: Any) -> dict:

@@ -1,7 +1,8 @@
 """A sweep inside a stage (the `dpo` stage's `sweep`, `soup`, `merge`), driven by the orchestrator.
 
 `sweep` expands beta x learning rate into candidates under `candidates/<id>/`, each trained by the stage's
-own entry function (one model per call) from the same input checkpoint and scored by the stage's eval;
+own entry function (one model per call) from the same input checkpoint and scored on the task of the gate
+metric only (`selection_settings`: validation; the selected model is then scored on every task);
 `soup.top_k` averages the K best, `merge` mixes the soup (or the best candidate) with an earlier stage's
 checkpoint; soup and merge compete as candidates too. Finished candidates are reused (by fingerprint).
 
@@ -29,6 +30,13 @@ TIE_RULE = "highest metric; ties go to the earlier candidate (grid order, then s
 NOT_TRAINING = ("eval", "gate", "sweep", "soup", "merge")  # left out of a candidate's recorded config
 Train = Callable[[StageContext], dict]  # a stage's entry function: trains ctx.out_dir/model, returns metrics
 Evaluate = Callable[[Path, Path], dict]  # (model dir, output dir) -> eval result; scored on the main process
+
+
+def selection_settings(ev: dict, metric: str) -> dict:
+    """The eval settings candidates are scored with: only the task of the gate `metric`, when it is one of `ev`'s
+    tasks (the held-out test split is for the report: only the selected model is scored on it), else `ev`."""
+    task = metric.partition("/")[0]
+    return {**ev, "tasks": [task]} if metric and task in ev["tasks"] else ev
 
 
 def is_sweep(stage: DictConfig) -> bool:

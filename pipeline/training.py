@@ -119,16 +119,18 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
     return result, resume
 
 
-def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int) -> dict:
+def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int, matmul_precision: str = "highest") -> dict:
     """Train (resuming from the last checkpoint in the trainer's output folder), save a full checkpoint
     to `out_dir/model` atomically, drop the intermediate checkpoints, and return the training metrics.
+    The training steps' fp32 matrix products run at `matmul_precision` (`precision.matmul_precision`).
 
     Runs collectively on every rank; only the main process writes files.
     """
     started = time.time()
     telemetry = Telemetry().attach(trainer)
     trainer.add_callback(guard := prec.NonFiniteGuard(nonfinite_limit))  # skips and counts non-finite steps
-    result, resume = _train(trainer, tok, out_dir, telemetry)
+    with prec.matmul_precision(matmul_precision):
+        result, resume = _train(trainer, tok, out_dir, telemetry)
     runtime = result.metrics.get("train_runtime", 0.0)
     history = trainer.state.log_history
     losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
@@ -150,6 +152,7 @@ def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int) -> dict:
         "tokens_per_s": round(tokens / max(runtime, 1e-9), 1) if tokens else None,
         "resumed_from": resume,
         "nonfinite_steps": guard.count,
+        "matmul_precision": matmul_precision,
         "wall_time_s": round(time.time() - started, 2),
         **parallelism(trainer.accelerator),
         **tele,

@@ -21,6 +21,8 @@ CASES = [
     (["modle.name_or_path=x"], "unknown config key 'modle'", "did you mean 'model'"),
     (["sft.packing_strategy=best"], "'sft.packing_strategy' is 'best'", "bfd"),
     (["sft.sampling=sorted"], "'sft.sampling' is 'sorted'", "group_by_length"),
+    (["sft.matmul_precision=bf16"], "'sft.matmul_precision' is 'bf16'", "highest, high, medium"),
+    (["tiny.matmul_precision=low"], "'tiny.matmul_precision' is 'low'", "medium"),
     (["sft.max_length=0"], "'sft.max_length' must be > 0", ""),
     (["oops"], "not key=value", ""),
 ]

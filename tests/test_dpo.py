@@ -21,8 +21,9 @@ from pipeline.tiny.data import split_file
 from pipeline.training import load_tokenizer
 
 pytestmark = pytest.mark.slow
-METRIC = "tiny_gsm/exact_match,strict-match"
+METRIC = "tiny_gsm_val/exact_match,strict-match"  # selection on validation; the test split is for the report
 SWEEP = [
+    "eval.tasks=[tiny_gsm_val,tiny_gsm]",
     "stages=[sft,midtrain,dpo]", "dpo.mixture=tiny_prefs", "dpo.max_steps=4", "dpo.per_device_train_batch_size=4",
     "dpo.logging_steps=1", "dpo.loss_type=[apo_zero]", "dpo.sweep.beta=[0.05,0.2]",
     "dpo.sweep.learning_rate=[1e-5,1e-3]",
@@ -58,6 +59,19 @@ def test_sweep_trains_four_candidates_then_soup_and_merge_and_selects_the_best(s
     assert all(torch.equal(chosen[k], final[k]) for k in final)
     rows = json.loads((run / "leaderboard.json").read_text())["rows"]
     assert {r["candidate"] for r in rows if r["checkpoint"] == "03-dpo"} >= set(names)
+
+
+def test_candidates_are_scored_on_validation_only_and_the_selected_model_on_every_task(sweep_run):
+    run, _, _ = sweep_run
+    dpo = run / "stages/03-dpo"
+    for cand in (dpo / "candidates").iterdir():
+        record = json.loads((cand / "stage.json").read_text())
+        assert {m.partition("/")[0] for m in record["eval"]["metrics"]} == {"tiny_gsm_val"}
+        assert sorted(p.name for p in (cand / "eval").glob("samples_*")) == ["samples_tiny_gsm_val.jsonl"]
+    stage = json.loads((dpo / "stage.json").read_text())
+    assert {m.partition("/")[0] for m in stage["eval"]["metrics"]} == {"tiny_gsm_val", "tiny_gsm"}
+    assert sorted(p.name for p in (dpo / "eval").glob("samples_*")) == ["samples_tiny_gsm.jsonl",
+                                                                       "samples_tiny_gsm_val.jsonl"]
 
 
 def test_selection_reports_each_candidate_against_the_input_with_its_interval(sweep_run, tmp_path):

@@ -87,6 +87,22 @@ def test_bf16_loss_curve_tracks_fp32(micro, tmp_path):
     assert curves["bf16"] == pytest.approx(curves["fp32"], abs=BF16_TOL)
 
 
+def test_medium_matmul_precision_holds_in_training_steps_only_and_tracks_fp32(micro, tmp_path):
+    path, tok, rows = micro
+    seen, curves = [], {}
+    for name in ("highest", "medium"):
+        stage = _stage(max_steps=20, matmul_precision=name)
+        trainer = _trainer(micro, tmp_path / name, stage, _model_cfg(path, "fp32"))
+        trainer.model.model.layers[0].mlp.register_forward_hook(
+            lambda m, i, out: seen.append(torch.get_float32_matmul_precision()))
+        metrics = training.fit(trainer, tok, tmp_path / name, nonfinite_limit=0, matmul_precision=name)
+        curves[name] = [loss for _, loss in metrics["losses"]]
+        assert metrics["matmul_precision"] == name and torch.get_float32_matmul_precision() == "highest"
+    assert set(seen) == {"highest", "medium"} and seen[-1] == "medium"  # set while the steps ran, restored after
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert curves["medium"] == pytest.approx(curves["highest"], abs=BF16_TOL)  # bf16 products, fp32 sums
+
+
 def _poison_steps(trainer: SFTTrainer, bad: set[int]) -> None:
     """Make the gradient of one weight infinite in the given (1-based) backward passes."""
     calls = []

@@ -112,7 +112,8 @@ def with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:
 
 def train_candidate(ctx: StageContext, tok: Any, pairs: Any) -> dict:
     """Train one model on `pairs` into `ctx.out_dir/model` (checkpoints in `work/`); return the training metrics."""
-    return fit(trainer(ctx, tok, pairs, ctx.out_dir / "work"), tok, ctx.out_dir, ctx.stage.nonfinite_limit)
+    return fit(trainer(ctx, tok, pairs, ctx.out_dir / "work"), tok, ctx.out_dir, ctx.stage.nonfinite_limit,
+               ctx.stage.matmul_precision)
 
 
 def run(ctx: StageContext) -> dict:

@@ -38,7 +38,7 @@ def run(ctx: StageContext) -> dict:
     before = greedy_reward(model, tok, heldout, stage.max_new_tokens) if main else None
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data, processing_class=tok,
                           peft_config=lora_config(stage))
-    metrics = fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit)
+    metrics = fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit, stage.matmul_precision)
     rewards = [(h["step"], h["reward"]) for h in trainer.state.log_history if "reward" in h]
     after = None
     if main and heldout:

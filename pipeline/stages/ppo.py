@@ -21,7 +21,7 @@ from transformers import AutoModelForSequenceClassification
 
 from pipeline.distributed import main_writes
 from pipeline.files import write_text
-from pipeline.precision import load_dtype, mixed_precision
+from pipeline.precision import load_dtype, matmul_precision, mixed_precision
 from pipeline.rl.actor_critic import PPOLoop, ValueModel
 from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, resolve_reward_model, reward_function
@@ -103,7 +103,8 @@ def run(ctx: StageContext) -> dict:
     loop = PPOLoop(stage, accelerator, policy, value, ref, prompts, reward_fn, tok.pad_token_id, tok.eos_token_id,
                    ctx.out_dir / "work", seed=cfg.seed,
                    log_path=ctx.out_dir / f"updates-rank{accelerator.process_index}.jsonl")
-    metrics = loop.train()
+    with matmul_precision(stage.matmul_precision):  # the loop's rollouts and updates
+        metrics = loop.train()
     model = accelerator.unwrap_model(loop.policy)
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()

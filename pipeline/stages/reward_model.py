@@ -64,7 +64,7 @@ def run(ctx: StageContext) -> dict:
                            center_rewards_coefficient=stage.center_rewards_coefficient or None)
     trainer = RewardTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                             peft_config=lora_config(stage))
-    metrics = fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit)
+    metrics = fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit, stage.matmul_precision)
     if main:
         trained = AutoModelForSequenceClassification.from_pretrained(ctx.out_dir / "model", num_labels=1)
         after = pair_accuracy(trained, tok, test)

@@ -85,7 +85,7 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
     trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=lora_config(stage),
                          data_collator=packing.collator(tok) if packed else None)
-    return {**fit(trainer, tok, stage_dir, stage.nonfinite_limit), "truncated_rows": truncated}
+    return {**fit(trainer, tok, stage_dir, stage.nonfinite_limit, stage.matmul_precision), "truncated_rows": truncated}
 
 
 def run(ctx: StageContext) -> dict:

@@ -74,7 +74,8 @@ def _init_model(path: Path, tiny: dict) -> None:
 def _pretrain_settings(tiny: Any) -> Any:
     return OmegaConf.structured(TrainConfig(
         mixture="tiny pretrain", format="text", packing_strategy="wrapped", assistant_only_loss=False,
-        activation_checkpointing=False, learning_rate=tiny.pretrain_learning_rate, lr_scheduler_type="cosine",
+        activation_checkpointing=False, matmul_precision=tiny.matmul_precision,
+        learning_rate=tiny.pretrain_learning_rate, lr_scheduler_type="cosine",
         warmup_ratio=0.05, max_grad_norm=1.0, max_steps=tiny.pretrain_steps, logging_steps=50,
         per_device_train_batch_size=tiny.pretrain_batch_size, max_length=tiny.pretrain_max_length,
         save_steps=tiny.pretrain_steps))
