@@ -138,7 +138,10 @@ class TrainConfig(OptimConfig):
     packing: bool = arg("pack several rows into each sequence", True)
     packing_strategy: str = arg("bfd | bfd_split | wrapped", "bfd")
     assistant_only_loss: bool = arg("train only on assistant turns (needs format=chat)", True)
-    sampling: str = arg("random | group_by_length: batches of similar lengths, less padding (see README)", "random")
+    sampling: str = arg("random | group_by_length: batches of similar lengths, less padding (see README) | "
+                        "batch_rebalance: each optimizer step's rows drawn at random, then sorted by length into its "
+                        "gradient-accumulation micro-batches (transformers' BatchRebalanceSampler): less padding, "
+                        "the same rows per step", "random")
     activation_offloading: bool = arg("TRL's activation offloading: saved activations go to CPU memory during the "
                                       "forward pass and come back for the backward; for long sequences (CUDA)", False,
                                       added=True)
@@ -338,7 +341,7 @@ STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config
 CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
-    "sampling": ("random", "group_by_length"),
+    "sampling": ("random", "group_by_length", "batch_rebalance"),
     "precision": ("auto", "bf16", "fp16", "fp32"),
     "matmul_precision": ("highest", "high", "medium"),
     "load_dtype": ("auto", "fp32", "bf16"),

@@ -90,7 +90,7 @@ def test_selection_reports_each_candidate_against_the_input_with_its_interval(sw
     scroll_width, shot, dom = render_in_chromium(run / "leaderboard.html", tmp_path)
     assert scroll_width <= 1280 and ink(shot) > 0.01
     charts = dom[dom.index('id="charts"'):dom.index('id="details"')]
-    assert charts.count("<svg") == 2  # the gate metric per stage, the beta x lr heatmap
+    assert charts.count("<svg") == 3  # per stage: both gate metrics (FAST's test one, dpo's validation); the heatmap
     heatmap = charts[charts.rindex("<svg"):]
     assert "soup" in heatmap and "merge" in heatmap and f"selected {selected}" in heatmap
 

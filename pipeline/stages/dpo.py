@@ -22,6 +22,7 @@ from pipeline.config import ConfigError
 from pipeline.data import load_mixture
 from pipeline.distributed import main_writes
 from pipeline.files import atomic_dir, write_json, write_text
+from pipeline.precision import matmul_precision
 from pipeline.runfolder import StageContext
 from pipeline.training import common_args, fit, load_model, load_tokenizer, lora_config
 
@@ -100,7 +101,8 @@ def with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:
     precompute, all ranks) and stored in `path`, so no candidate runs the reference model."""
     if not path.is_dir():
         work = ctx.stage_dir / "reference"  # the trainer's output folder: it trains nothing, nothing is saved
-        computed = trainer(ctx, tok, pairs, work).train_dataset
+        with matmul_precision(ctx.stage.matmul_precision):  # as the candidates' training steps, which compare
+            computed = trainer(ctx, tok, pairs, work).train_dataset  # their log-probs with these
         log.info("reference log-probs of %d pairs computed once for every candidate: %s", len(computed), path)
         with main_writes() as main:
             if main:
