@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import ConfigError, cache_dir
+from pipeline.config import ConfigError, TinyConfig, cache_dir, fingerprint_view
 from pipeline.tiny import data as tiny_data
 
 BUILT = "tiny"  # the name of the built-in model
@@ -22,7 +22,7 @@ def is_built(cfg: DictConfig) -> bool:
 
 def base_settings(cfg: DictConfig) -> dict | None:
     """The settings a built base model is made from (part of the base fingerprint); None for a loaded one."""
-    return OmegaConf.to_container(cfg.tiny) if is_built(cfg) else None
+    return fingerprint_view(OmegaConf.to_container(cfg.tiny), TinyConfig) if is_built(cfg) else None
 
 
 def check_model_path(cfg: DictConfig) -> None:

@@ -287,7 +287,7 @@ class TinyConfig:
     pretrain_max_length: int = arg("pretraining sequence length", 256)
     pretrain_learning_rate: float = arg("pretraining learning rate", 2e-3)
     matmul_precision: str = arg("the pretraining's fp32 matrix products (highest | high | medium; see a stage's "
-                                "matmul_precision)", "highest")
+                                "matmul_precision)", "highest", added=True)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import cache_dir
+from pipeline.config import TinyConfig, cache_dir, fingerprint_view
 from pipeline.files import atomic_dir, fingerprint
 
 NAMES = ["Tom", "Mia", "Sam", "Ava", "Leo", "Zoe", "Max", "Ivy", "Ben", "Amy", "Dan", "Eva"]
@@ -154,7 +154,7 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
 
 def tiny_dir(cache: Path, tiny: dict) -> Path:
     """The cache folder of this tiny setup's tokenizer and model (keyed by all tiny settings)."""
-    return Path(cache) / f"tiny-{fingerprint({**tiny, 'version': DATA_VERSION})}"
+    return Path(cache) / f"tiny-{fingerprint({**fingerprint_view(tiny, TinyConfig), 'version': DATA_VERSION})}"
 
 
 def data_dir(cache: Path, tiny: dict) -> Path:
