@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from pipeline.config import ConfigError, describe, load_config  # noqa: E402
 
 EXIT_BAD_INPUT = 2
+BAD_INPUT_GRACE_S = 10  # how long a rank other than the main one waits before it exits on bad input
 
 
 def _main_process() -> bool:
@@ -43,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
             text = report(cfg)
     except ConfigError as err:
-        _say(f"error: {err}")
-        return EXIT_BAD_INPUT
+        return _bad_input(err)
     if cfg.plan.enabled:
         _say(text, sys.stdout)
         return 0
@@ -79,8 +79,7 @@ def run(cfg, argv: list[str]) -> int:
         code = run_pipeline(cfg, argv)
         reason = last_error.message if code else "finished"
     except ConfigError as err:
-        code, reason = EXIT_BAD_INPUT, str(err)
-        _say(f"error: {err}")
+        code, reason = _bad_input(err), str(err)
     except Preempted as err:
         code, reason = EXIT_PREEMPTED, str(err)
         _say(f"preempted: {err}; rerun the same command to resume")
@@ -92,6 +91,16 @@ def run(cfg, argv: list[str]) -> int:
     if main:
         outcome.finish(code, reason)
     return code
+
+
+def _bad_input(err: ConfigError) -> int:
+    """Say the error (main process) and return its exit code. Every rank fails on the same input, but only the
+    main process prints: another rank waits a little first, so that a launcher which stops all ranks when one
+    exits (torchrun's agent) does not stop the main process before its message and outcome are written."""
+    _say(f"error: {err}")
+    if not _main_process():
+        time.sleep(BAD_INPUT_GRACE_S)
+    return EXIT_BAD_INPUT
 
 
 def _say(message: str, stream=None) -> None:
