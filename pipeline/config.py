@@ -116,8 +116,8 @@ class OptimConfig:
     activation_checkpointing: bool = arg("saves memory on large models; turn off for tiny ones", True)
     matmul_precision: str = arg("fp32 matrix products in training steps (torch.set_float32_matmul_precision): "
                                 "highest | high (TF32 on NVIDIA GPUs) | medium (bf16 products, fp32 sums: GPUs, and "
-                                "CPUs with AMX / avx512_bf16); evaluation and sampling keep highest", "highest",
-                                added=True)
+                                "CPUs with AMX / avx512_bf16); evaluation and DPO's on-policy sampling keep highest "
+                                "(PPO's rollouts run at it)", "highest", added=True)
     logging_steps: int = arg("log every N optimiser steps", 10)
     save_steps: int = arg("save a resumable checkpoint every N steps", 500)
     lora: LoraConfig = arg("LoRA adapter settings (r = 0: full fine-tuning)", factory=LoraConfig)
