@@ -52,12 +52,15 @@ def plain_trl(base: Path, tok, dataset, steps: int, batch: int, work: Path) -> f
     return trainer.state.num_input_tokens_seen / result.metrics["train_runtime"]
 
 
+def variant(cfg, change: dict, **sft) -> tuple:
+    """The recipe's sft block (with `sft` set) and model settings, `change` ({"sft": ..., "model": ...}) applied."""
+    return (OmegaConf.merge(cfg.sft, sft, change.get("sft", {})), OmegaConf.merge(cfg.model, change.get("model", {})))
+
+
 def ours(cfg, change: dict, base: Path, tok, dataset, steps: int, work: Path, cache: str) -> dict:
     """Our SFT stage with `change` ({"sft": ..., "model": ...}) applied to the recipe: its training metrics."""
-    stage = OmegaConf.merge(cfg.sft, {"max_steps": steps, "save_steps": 10**6, "logging_steps": 10**6},
-                            change.get("sft", {}))
-    metrics = train(stage, OmegaConf.merge(cfg.model, change.get("model", {})), base, tok, dataset, work, cfg.seed,
-                    Path(cache))
+    stage, model_cfg = variant(cfg, change, max_steps=steps, save_steps=10**6, logging_steps=10**6)
+    metrics = train(stage, model_cfg, base, tok, dataset, work, cfg.seed, Path(cache))
     shutil.rmtree(work, ignore_errors=True)
     return metrics
 
@@ -103,8 +106,7 @@ def accuracy(cfg, cache: str, overrides: list[str], out: Path) -> dict:
     dataset, ev = load_mixture(cfg.sft.mixture, cfg), settings(cfg, "sft")
     scores = {}
     for name, change in {"recipe": {}, "bf16_products": BF16_PRODUCTS}.items():
-        stage = OmegaConf.merge(cfg.sft, change.get("sft", {}))
-        model_cfg = OmegaConf.merge(cfg.model, change.get("model", {}))
+        stage, model_cfg = variant(cfg, change)
         metrics = train(stage, model_cfg, source, tok, dataset, out / name, cfg.seed, Path(cache))
         result = run_eval(out / name / "model", ev, run / "eval_tasks", out / name / "eval", model_cfg)
         scores[name] = {"score": result["metrics"][METRIC], "stderr": result["stderr"][METRIC],
