@@ -4,15 +4,15 @@
 
 Each repeat trains, interleaved (so a busy machine slows them alike): a plain SFTTrainer (TRL
 defaults: fp32, sdpa, no packing, activation checkpointing on; `--batch` chats per step), our stage
-as the recipe sets it, and our stage with bf16 matrix products (`sft.matmul_precision=medium`, with
-`model.attn_implementation=eager`; fp32 weights, sums and Adam states). Effective tokens/s counts
-non-padding tokens trained. Printed as JSON: per variant the median and range over the repeats of
-tokens/s, its ratio to plain TRL in the same repeat, and our step-time breakdown (forward, backward,
-optimizer, data wait, save).
+as the recipe sets it, and our stage unpacked: one chat per row, `UNPACKED_BATCH` chats per step (the
+reference the recipe's packing is measured against). Effective tokens/s counts non-padding tokens
+trained. Printed as JSON: per variant the median and range over the repeats of tokens/s, its ratio to
+plain TRL in the same repeat, its padding, and our step-time breakdown (forward, backward, optimizer,
+data wait, save).
 
 `--accuracy` also trains the recipe's whole SFT stage twice from the same input, the recipe's own
-(its mid-training stage, run once through the CLI): as the recipe sets it, and with bf16 products. It
-prints each held-out score with its standard error, and whether they agree within one.
+(its mid-training stage, run once through the CLI): as the recipe sets it, and unpacked. It prints
+each held-out score with its standard error, and whether they agree within one.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from pipeline.training import load_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 METRIC = "tiny_gsm/exact_match,strict-match"
 BREAKDOWN = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "save_s")
-BF16_PRODUCTS = {"sft": {"matmul_precision": "medium"}, "model": {"attn_implementation": "eager"}}
+UNPACKED_BATCH = 32  # chats per step, about what the recipe's packed rows hold
+UNPACKED = {"sft": {"packing": False, "per_device_train_batch_size": UNPACKED_BATCH}}
 
 
 def plain_trl(base: Path, tok, dataset, steps: int, batch: int, work: Path) -> float:
@@ -75,7 +76,7 @@ def throughput(args, cfg) -> dict:
     base = ensure_base_model(Path(args.cache), cfg.tiny, cfg.model, cfg.seed)
     tok = load_tokenizer(base, cfg.model, need_template=True)
     dataset = load_mixture(cfg.sft.mixture, cfg)
-    variants = {"ours_recipe": {}, "ours_bf16_products": BF16_PRODUCTS}
+    variants = {"ours_recipe": {}, "ours_unpacked": UNPACKED}
     runs: dict[str, list] = {"plain_trl": [], **{name: [] for name in variants}}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
@@ -93,8 +94,8 @@ def throughput(args, cfg) -> dict:
 
 
 def accuracy(cfg, cache: str, overrides: list[str], out: Path) -> dict:
-    """The recipe's SFT stage from its own input (mid-training, run once through the CLI), as set and with bf16
-    products: held-out score and standard error of each, and whether they agree within one."""
+    """The recipe's SFT stage from its own input (mid-training, run once through the CLI), as set and unpacked:
+    held-out score and standard error of each, and whether they agree within one."""
     cmd = [sys.executable, str(ROOT / "pipeline/run.py"), "recipe=tiny", "stages=[midtrain]", f"cache_dir={cache}",
            f"output_root={out}", "midtrain.gate.action=warn", *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -105,13 +106,13 @@ def accuracy(cfg, cache: str, overrides: list[str], out: Path) -> dict:
     tok = load_tokenizer(source, cfg.model, need_template=True)
     dataset, ev = load_mixture(cfg.sft.mixture, cfg), settings(cfg, "sft")
     scores = {}
-    for name, change in {"recipe": {}, "bf16_products": BF16_PRODUCTS}.items():
+    for name, change in {"recipe": {}, "unpacked": UNPACKED}.items():
         stage, model_cfg = variant(cfg, change)
         metrics = train(stage, model_cfg, source, tok, dataset, out / name, cfg.seed, Path(cache))
         result = run_eval(out / name / "model", ev, run / "eval_tasks", out / name / "eval", model_cfg)
         scores[name] = {"score": result["metrics"][METRIC], "stderr": result["stderr"][METRIC],
                         "tokens_per_s": metrics["tokens_per_s"]}
-    a, b = scores["recipe"], scores["bf16_products"]
+    a, b = scores["recipe"], scores["unpacked"]
     return {**scores, "within_1_stderr": abs(a["score"] - b["score"]) <= max(a["stderr"], b["stderr"])}
 
 
@@ -123,7 +124,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="0: only the accuracy runs")
     parser.add_argument("--cache", default="runs/.cache")
     parser.add_argument("--accuracy", action="store_true",
-                        help="also train the whole SFT stage as set and with bf16 products")
+                        help="also train the whole SFT stage as set and unpacked")
     parser.add_argument("overrides", nargs="*", help="recipe overrides for our stage, e.g. sft.sampling=random")
     args = parser.parse_args()
     cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}", *args.overrides])
