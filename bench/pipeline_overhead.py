@@ -24,6 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _candidate_eval_s(out: Path, sweep: dict) -> float:
+    """The scoring time of a sweep stage's selected candidate."""
+    path = next(out.glob(f"**/stages/*-{sweep['stage']}/candidates/{sweep['metrics']['selected']}/stage.json"))
+    return json.loads(path.read_text())["eval"]["wall_time_s"]
+
+
 def one_chain(out: Path, extra: list[str]) -> dict:
     """Time one tiny chain in `out` and split its wall time."""
     shutil.rmtree(out, ignore_errors=True)
@@ -34,12 +40,15 @@ def one_chain(out: Path, extra: list[str]) -> dict:
     if proc.returncode:
         sys.exit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     records = [json.loads(p.read_text()) for p in out.glob("**/stage.json")]
-    # a sweep's stage record repeats the metrics and eval of its selected candidate: count the candidates only
-    records = [r for r in records if not (r.get("metrics") or {}).get("selected")]
+    # a sweep's stage record repeats the training metrics of its selected candidate, and its eval includes the
+    # candidate's: count the candidates, and of the stage only the scoring its selected model added
+    sweeps = [r for r in records if (r.get("metrics") or {}).get("selected")]
+    records = [r for r in records if r not in sweeps]
     records += [{"stage": "tiny-base-pretraining", "metrics": json.loads(p.read_text())}
                 for p in out.glob(".cache/tiny-*/pretrain.json")]
     train = sum((r.get("metrics") or {}).get("compute_s") or 0 for r in records)
     evals = sum((r.get("eval") or {}).get("wall_time_s") or 0 for r in records)
+    evals += sum(r["eval"]["wall_time_s"] - _candidate_eval_s(out, r) for r in sweeps if r.get("eval"))
     generation = sum(json.loads(p.read_text()).get("sampling_s") or 0 for p in out.glob("**/on_policy_stats.json"))
     return {"wall_s": wall, "training_steps_s": train, "data_generation_s": generation, "evaluation_s": evals,
             "outside_training_share": 1 - (train + generation) / wall,

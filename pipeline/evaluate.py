@@ -204,3 +204,10 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
         "prompt_format": describe_format(fmt),
         "wall_time_s": round(time.time() - started, 2),
     }
+
+
+def merge(earlier: dict, later: dict, ev: dict) -> dict:
+    """One checkpoint's evaluations on disjoint tasks (`earlier`, then `later`) as one evaluation on `ev`."""
+    keyed = ("metrics", "stderr", "samples", "task_configs", "splits")
+    return {**later, **{k: {**earlier.get(k, {}), **later.get(k, {})} for k in keyed}, "settings": ev,
+            "wall_time_s": round(earlier["wall_time_s"] + later["wall_time_s"], 2)}

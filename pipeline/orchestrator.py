@@ -22,7 +22,7 @@ from pipeline.config import ConfigError, stage_section
 from pipeline.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
 from pipeline.files import RunLock, write_json, write_text
 from pipeline.resume import StageDecision, base_fingerprint, decide, eval_fingerprint
-from pipeline.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, run_dir
+from pipeline.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, run_dir
 
 log = logging.getLogger("pipeline")
 FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("padding_fraction", "padding {}"),
@@ -254,8 +254,7 @@ def _fit(run: Run, d: StageDecision, ctx: StageContext) -> Trained | None:
     def score(model: Path, out: Path) -> dict:
         return run.evaluate(model, select, out)
     if ctx.stage.sweep.candidate is None:
-        trained = sweep.run(ctx, d.fingerprint, train, score)
-        return trained if select == ev else Trained(trained.metrics, None)  # `_score` scores it on every task
+        return sweep.run(ctx, d.fingerprint, train, score)  # scored on `select`'s tasks; `_score` adds the others
     sweep.train_candidates(ctx, d.fingerprint, train, score, only=ctx.stage.sweep.candidate)
     return None
 
@@ -277,8 +276,9 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
         return False
     record.status, record.output_model = "trained", str(d.dir / "model")
     record.metrics, record.wall_time_s = result.metrics, round(time.time() - t0, 2)
-    if result.eval:  # a sweep already scored the selected model
-        record.eval, record.eval_fingerprint = result.eval, d.eval_fingerprint
+    if result.eval:  # a sweep already scored the selected model, on every task or on its gate's task only
+        complete = set(_tasks(result.eval)) == set(evaluate.settings(run.cfg, d.name)["tasks"])
+        record.eval, record.eval_fingerprint = result.eval, d.eval_fingerprint if complete else None
     record.write(d.dir)
     log.info("%s: trained in %.1f s: %s", _label(run, d), time.time() - t0, training_summary(result.metrics))
     return True
@@ -289,10 +289,31 @@ def _score(run: Run, d: StageDecision) -> None:
     record = StageRecord.read(d.dir)
     if not (record.eval and record.eval_fingerprint == d.eval_fingerprint):
         ev = evaluate.settings(run.cfg, d.name)
-        record.eval = run.evaluate(d.dir / "model", ev, d.dir / "eval") if d.eval_fingerprint else None
+        earlier = record.eval if record.eval_fingerprint is None else None  # a sweep's, on some of the tasks
+        record.eval = _scored(run, d, ev, earlier, record.metrics) if d.eval_fingerprint else None
         record.eval_fingerprint = d.eval_fingerprint
     record.status = "done"
     record.write(d.dir)
+
+
+def _tasks(result: dict | None) -> list[str]:
+    """The tasks an evaluation scored."""
+    return ((result or {}).get("settings") or {}).get("tasks") or []
+
+
+def _scored(run: Run, d: StageDecision, ev: dict, earlier: dict | None, metrics: dict | None) -> dict:
+    """The stage model scored on `ev`'s tasks. Those its sweep already scored it on, with the same settings
+    (`earlier`: the selected candidate's evaluation), are taken from there, samples included, not scored again."""
+    same = earlier and {**earlier["settings"], "tasks": ev["tasks"]} == ev
+    done = [t for t in _tasks(earlier) if t in ev["tasks"]] if same else []
+    rest = run.evaluate(d.dir / "model", {**ev, "tasks": [t for t in ev["tasks"] if t not in done]}, d.dir / "eval")
+    if not (done and run.main):
+        return rest
+    source = candidate_dir(d.dir, (metrics or {})["selected"]) / "eval"
+    for task in done:
+        write_text(d.dir / "eval" / f"samples_{task}.jsonl", (source / f"samples_{task}.jsonl").read_text())
+    log.info("eval of %s: %s taken from candidate %s's", d.dir.name, ", ".join(done), metrics["selected"])
+    return evaluate.merge(earlier, rest, ev)
 
 
 def _gate_stops(run: Run, d: StageDecision) -> bool:

@@ -51,9 +51,11 @@ def paired_difference(a_dir: Path, b_dir: Path, metric: str) -> dict | None:
 
 
 def eval_dir(stage_dir: Path) -> Path:
-    """Where a stage's scored model kept its samples: `eval/`, or a sweep's selected candidate's `eval/`."""
+    """Where a stage's scored model kept its samples: `eval/`, or, when a sweep's selection was all the scoring
+    (no `eval/` of the stage's own), the selected candidate's `eval/`."""
     selected = ((read_json(Path(stage_dir) / "stage.json") or {}).get("metrics") or {}).get("selected")
-    return (candidate_dir(stage_dir, selected) if selected else Path(stage_dir)) / "eval"
+    own = Path(stage_dir) / "eval"
+    return candidate_dir(stage_dir, selected) / "eval" if selected and not own.is_dir() else own
 
 
 def input_stage(stage_dir: Path) -> Path | None:

@@ -62,7 +62,7 @@ def test_sweep_trains_four_candidates_then_soup_and_merge_and_selects_the_best(s
 
 
 def test_candidates_are_scored_on_validation_only_and_the_selected_model_on_every_task(sweep_run):
-    run, _, _ = sweep_run
+    run, _, proc = sweep_run
     dpo = run / "stages/03-dpo"
     for cand in (dpo / "candidates").iterdir():
         record = json.loads((cand / "stage.json").read_text())
@@ -72,6 +72,15 @@ def test_candidates_are_scored_on_validation_only_and_the_selected_model_on_ever
     assert {m.partition("/")[0] for m in stage["eval"]["metrics"]} == {"tiny_gsm_val", "tiny_gsm"}
     assert sorted(p.name for p in (dpo / "eval").glob("samples_*")) == ["samples_tiny_gsm.jsonl",
                                                                        "samples_tiny_gsm_val.jsonl"]
+    # validation: the selected candidate's own scoring, not a second one; only the test task is scored again
+    chosen = dpo / "candidates" / stage["metrics"]["selected"]
+    picked = json.loads((chosen / "stage.json").read_text())["eval"]
+    assert {k: v for k, v in stage["eval"]["metrics"].items() if k.startswith("tiny_gsm_val/")} == picked["metrics"]
+    samples = "eval/samples_tiny_gsm_val.jsonl"
+    assert (dpo / samples).read_text() == (chosen / samples).read_text()
+    assert stage["eval"]["settings"]["tasks"] == ["tiny_gsm_val", "tiny_gsm"]
+    assert f"tiny_gsm_val taken from candidate {stage['metrics']['selected']}'s" in proc.stderr
+    assert proc.stderr.count("eval of 03-dpo: tiny_gsm/") == 1 and "eval of 03-dpo: tiny_gsm_val/" not in proc.stderr
 
 
 def test_selection_reports_each_candidate_against_the_input_with_its_interval(sweep_run, tmp_path):
