@@ -5,7 +5,7 @@
 Each repeat trains, interleaved (so a busy machine slows them alike): a plain SFTTrainer (TRL
 defaults: fp32, sdpa, no packing, activation checkpointing on; `--batch` chats per step), our stage
 as the recipe sets it, and our stage unpacked: one chat per row, `UNPACKED_BATCH` chats per step (the
-reference the recipe's packing is measured against). Effective tokens/s counts non-padding tokens
+recipe before packing, the reference it is measured against). Effective tokens/s counts non-padding tokens
 trained. Printed as JSON: per variant the median and range over the repeats of tokens/s, its ratio to
 plain TRL in the same repeat, its padding, and our step-time breakdown (forward, backward, optimizer,
 data wait, save).
@@ -39,7 +39,7 @@ from pipeline.training import load_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 METRIC = "tiny_gsm/exact_match,strict-match"
 BREAKDOWN = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "save_s")
-UNPACKED_BATCH = 32  # chats per step, about what the recipe's packed rows hold
+UNPACKED_BATCH = 32  # chats per step: the tiny recipe before it packed its SFT data
 UNPACKED = {"sft": {"packing": False, "per_device_train_batch_size": UNPACKED_BATCH}}
 
 
