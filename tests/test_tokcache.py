@@ -22,7 +22,7 @@ from pipeline.training import load_model, load_tokenizer
 def setup(cache_dir, tiny_base):
     """The FAST tiny config, its tokenizer and 64 SFT chats (assistant-only loss, no packing)."""
     cfg = load_config(["recipe=tiny", f"cache_dir={cache_dir}", *FAST, "sft.max_steps=3", "sft.logging_steps=1",
-                       "sft.per_device_train_batch_size=8", "sft.save_steps=1000"])
+                       "sft.per_device_train_batch_size=8", "sft.save_steps=1000", "sft.packing=false"])
     tok = load_tokenizer(tiny_base, cfg.model, need_template=True)
     return cfg, tok, load_mixture(cfg.sft.mixture, cfg).select(range(64))
 
