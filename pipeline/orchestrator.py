@@ -301,7 +301,7 @@ def _tasks(result: dict | None) -> list[str]:
     return ((result or {}).get("settings") or {}).get("tasks") or []
 
 
-def _scored(run: Run, d: StageDecision, ev: dict, earlier: dict | None, metrics: dict | None) -> dict:
+def _scored(run: Run, d: StageDecision, ev: dict, earlier: dict | None, metrics: dict) -> dict:
     """The stage model scored on `ev`'s tasks. Those its sweep already scored it on, with the same settings
     (`earlier`: the selected candidate's evaluation), are taken from there, samples included, not scored again."""
     same = earlier and {**earlier["settings"], "tasks": ev["tasks"]} == ev
@@ -309,10 +309,11 @@ def _scored(run: Run, d: StageDecision, ev: dict, earlier: dict | None, metrics:
     rest = run.evaluate(d.dir / "model", {**ev, "tasks": [t for t in ev["tasks"] if t not in done]}, d.dir / "eval")
     if not (done and run.main):
         return rest
-    source = candidate_dir(d.dir, (metrics or {})["selected"]) / "eval"
+    selected = metrics["selected"]
     for task in done:
-        write_text(d.dir / "eval" / f"samples_{task}.jsonl", (source / f"samples_{task}.jsonl").read_text())
-    log.info("eval of %s: %s taken from candidate %s's", d.dir.name, ", ".join(done), metrics["selected"])
+        source = candidate_dir(d.dir, selected) / "eval" / f"samples_{task}.jsonl"
+        write_text(d.dir / "eval" / source.name, source.read_text())
+    log.info("eval of %s: %s taken from candidate %s's", d.dir.name, ", ".join(done), selected)
     return evaluate.merge(earlier, rest, ev)
 
 
