@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline import lmeval_fast
 from pipeline.config import ROOT, ConfigError
 from pipeline.data import GENERATORS, hub_source
 from pipeline.files import write_text
@@ -161,7 +162,6 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.lmeval_fast import applied as lm_eval_fast
     from pipeline.precision import inference_dtype
 
     started = time.time()
@@ -173,7 +173,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
         trust_remote_code=model_cfg.trust_remote_code).to("cuda" if cuda else "cpu")
     tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
     fmt = prompt_format(ev)
-    with lm_eval_to_log(), lm_eval_fast():
+    with lm_eval_to_log(), lmeval_fast.applied():
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=ev["batch_size"],
                   chat_template_args=fmt["chat_template_kwargs"])
         results = simple_evaluate(
