@@ -8,7 +8,8 @@ On a small model `lm_eval.simple_evaluate` spends a good part of its time outsid
 
 `applied()` installs both for the length of a `with` block (`evaluate.run_eval`). Measured on the tiny
 recipe's SFT model, 800 problems, 2 CPU cores: about 11 s per evaluation before, about 9 s after
-(README, 'Telemetry and benchmarks'); tests/test_lmeval_fast.py checks that the answers are the same.
+(README, 'Evaluation, gates and the leaderboard'); tests/test_lmeval_fast.py checks that the answers are
+the same.
 """
 
 from __future__ import annotations
