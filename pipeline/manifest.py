@@ -39,12 +39,24 @@ def package_versions() -> dict:
     return out
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (`/proc/cpuinfo` on x86 Linux), else what `platform` reports (e.g. `aarch64`)."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine() or None
+
+
 def hardware() -> dict:
-    """Host, CPU count and accelerators visible to this process."""
+    """Host, CPU (model and the instruction set torch's kernels use: fp32 results differ between them, and
+    small models' training amplifies that), CPU count and accelerators visible to this process."""
     import torch
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return {"host": platform.node(), "platform": platform.platform(), "python": sys.version.split()[0],
+            "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "gpus": gpus,
             "world_size": int(os.environ.get("WORLD_SIZE", 1))}
 
