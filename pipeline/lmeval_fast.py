@@ -64,7 +64,8 @@ PROCESSORS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngr
 
 def plain_greedy(lm: Any, stop: list[str], kwargs: dict) -> bool:
     """Whether lm-eval asks `lm` (an HFLM) for greedy decoding that `greedy_until` reproduces: greedy as lm-eval
-    decides it, no other generation argument, no logits processor from the model's generation config, EOS ids
+    decides it, no other generation argument, the dynamic cache `generate` would use, no logits processor from
+    the model's generation config, EOS ids
     known, every stop sequence but EOS kept by lm-eval's decode of its own tokens (a special token is dropped, so
     lm-eval's answers run past it), and padding dropped by that decode."""
     from transformers import GenerationConfig
@@ -74,7 +75,9 @@ def plain_greedy(lm: Any, stop: list[str], kwargs: dict) -> bool:
     greedy = sample is False or (sample is None and kwargs.get("temperature", 0.0) == 0)
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     ids = {s: tok.encode(s, add_special_tokens=False) for s in stop}
+    dynamic = getattr(lm.model, "_supports_default_dynamic_cache", lambda: False)()  # generate's own cache
     return (greedy and set(kwargs) <= {"attention_mask", "do_sample", "temperature"} and lm.backend == "causal"
+            and dynamic and config.cache_implementation in (None, "dynamic")
             and getattr(lm, "think_end_token", None) is None and None not in eos
             and lm.tok_decode([tok.pad_token_id]) == ""
             and all(s in lm.tok_decode(ids[s]) for s in stop if not (len(ids[s]) == 1 and ids[s][0] in eos))
@@ -100,8 +103,9 @@ def greedy_until(lm: Any, context: Any, attention_mask: Any, max_length: int, st
     model, eos = lm.model, lm.model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
     last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    window = max(len(lm.tokenizer.encode(s, add_special_tokens=False)) for s in stop) + 2
-    rows, mask, cache = torch.arange(len(context), device=context.device), attention_mask, DynamicCache()
+    window = max((len(lm.tokenizer.encode(s, add_special_tokens=False)) for s in stop), default=0) + 2
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))  # as `generate` builds it
+    rows, mask = torch.arange(len(context), device=context.device), attention_mask
     generated: list[list[int]] = [[] for _ in range(len(context))]
     dtype = getattr(lm, "mixed_precision_dtype", None)
     with torch.no_grad(), torch.autocast(device_type=context.device.type, dtype=dtype, enabled=dtype is not None):

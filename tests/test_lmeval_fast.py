@@ -66,5 +66,8 @@ def test_greedy_until_only_where_it_gives_lm_evals_answers(tiny_base):
     assert not lmeval_fast.plain_greedy(lm, stop, {"temperature": 0.7})  # sampling by the model's config
     assert not lmeval_fast.plain_greedy(lm, stop, {**greedy, "top_k": 5})
     assert not lmeval_fast.plain_greedy(lm, [*stop, "<|im_start|>"], greedy)  # lm-eval's decode drops it
+    lm.model.generation_config.cache_implementation = "static"  # generate would not use the dynamic cache
+    assert not lmeval_fast.plain_greedy(lm, stop, greedy)
+    lm.model.generation_config.cache_implementation = None
     lm.model.generation_config.repetition_penalty = 1.3
     assert not lmeval_fast.plain_greedy(lm, stop, greedy)
