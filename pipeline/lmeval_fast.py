@@ -62,18 +62,22 @@ PROCESSORS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngr
               "sequence_bias", "exponential_decay_length_penalty", "guidance_scale", "watermarking_config")
 
 
+def eos_ids(config: Any) -> list:
+    """The EOS ids a generation config stops at (`eos_token_id`: one id, a list, or None)."""
+    return config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+
+
 def plain_greedy(lm: Any, stop: list[str], kwargs: dict) -> bool:
     """Whether lm-eval asks `lm` (an HFLM) for greedy decoding that `greedy_until` reproduces: greedy as lm-eval
     decides it, no other generation argument, the dynamic cache `generate` would use, no logits processor from
-    the model's generation config, EOS ids
-    known, every stop sequence but EOS kept by lm-eval's decode of its own tokens (a special token is dropped, so
-    lm-eval's answers run past it), and padding dropped by that decode."""
+    the model's generation config, EOS ids known, every stop sequence but EOS kept by lm-eval's decode of its own
+    tokens (a special token is dropped, so lm-eval's answers run past it), and padding dropped by that decode."""
     from transformers import GenerationConfig
 
     config, default, tok = lm.model.generation_config, GenerationConfig(), lm.tokenizer
     sample = kwargs.get("do_sample")
     greedy = sample is False or (sample is None and kwargs.get("temperature", 0.0) == 0)
-    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    eos = eos_ids(config)
     ids = {s: tok.encode(s, add_special_tokens=False) for s in stop}
     dynamic = getattr(lm.model, "_supports_default_dynamic_cache", lambda: False)()  # generate's own cache
     return (greedy and set(kwargs) <= {"attention_mask", "do_sample", "temperature"} and lm.backend == "causal"
@@ -100,8 +104,7 @@ def greedy_until(lm: Any, context: Any, attention_mask: Any, max_length: int, st
     import torch
     from transformers import DynamicCache
 
-    model, eos = lm.model, lm.model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
+    model, eos = lm.model, set(eos_ids(lm.model.generation_config))
     last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     window = max((len(lm.tokenizer.encode(s, add_special_tokens=False)) for s in stop), default=0) + 2
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))  # as `generate` builds it
