@@ -102,12 +102,13 @@ def greedy_until(lm: Any, context: Any, attention_mask: Any, max_length: int, st
     import inspect
 
     import torch
-    from transformers import DynamicCache
+
+    from pipeline.kvcache import buffered_cache
 
     model, eos = lm.model, set(eos_ids(lm.model.generation_config))
     last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     window = max((len(lm.tokenizer.encode(s, add_special_tokens=False)) for s in stop), default=0) + 2
-    cache = DynamicCache(config=model.config.get_text_config(decoder=True))  # as `generate` builds it
+    cache = buffered_cache(model.config, max_length)
     rows, mask = torch.arange(len(context), device=context.device), attention_mask
     generated: list[list[int]] = [[] for _ in range(len(context))]
     dtype = getattr(lm, "mixed_precision_dtype", None)
