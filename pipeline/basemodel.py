@@ -59,7 +59,7 @@ def architecture(cfg: DictConfig) -> tuple[Path, dict | None]:
     if not is_built(cfg):
         return Path(cfg.model.name_or_path).expanduser(), None
     t = cfg.tiny
-    path = tiny_data.tiny_dir(cache_dir(cfg), OmegaConf.to_container(t)) / "model"
+    path = tiny_data.tiny_dir(cache_dir(cfg), OmegaConf.to_container(t), cfg.seed) / "model"
     return path, {"vocab_size": t.vocab_size, "hidden_size": t.hidden_size, "num_hidden_layers": t.num_layers,
                   "intermediate_size": t.intermediate_size, "num_attention_heads": t.num_heads,
                   "tie_word_embeddings": True}

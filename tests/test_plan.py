@@ -96,6 +96,9 @@ def test_tiny_plan_and_an_existing_run_planned_by_the_orchestrator(tmp_path, cac
     assert plan["model"]["params"] == built  # read from the built model's config.json
     unbuilt = _plan(*args, f"cache_dir={tmp_path / 'empty'}")["model"]  # from the tiny settings: an upper bound
     assert unbuilt["params"] > built and "upper bound" in unbuilt["source"]
+    reseeded = _plan(*args, "seed=7")  # the base's pretraining ran with the training seed: another seed, another base
+    assert not reseeded["stages"][0]["input"].startswith(str(tiny_base.parent))
+    assert "upper bound" in reseeded["model"]["source"]
     assert all(s["tokens"] > 0 and s["gpu_hours"] > 0 for s in plan["stages"])
     assert plan["stages"][2]["datasets"][0]["role"] == "on-policy prompts"
     assert not (tmp_path / "tiny").exists()

@@ -152,9 +152,11 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
     return {**splits, "validation": _held_out(rng, params["validation_examples"], seen)}
 
 
-def tiny_dir(cache: Path, tiny: dict) -> Path:
-    """The cache folder of this tiny setup's tokenizer and model (keyed by all tiny settings)."""
-    return Path(cache) / f"tiny-{fingerprint({**fingerprint_view(tiny, TinyConfig), 'version': DATA_VERSION})}"
+def tiny_dir(cache: Path, tiny: dict, seed: int) -> Path:
+    """The cache folder of this tiny setup's tokenizer and model, keyed by all tiny settings and the training
+    seed its pretraining ran with."""
+    key = {**fingerprint_view(tiny, TinyConfig), "version": DATA_VERSION, "pretrain_seed": seed}
+    return Path(cache) / f"tiny-{fingerprint(key)}"
 
 
 def data_dir(cache: Path, tiny: dict) -> Path:

@@ -88,7 +88,7 @@ def ensure_base_model(cache_dir: Path, tiny: Any, model_cfg: Any, seed: int) -> 
     only the main process writes files.
     """
     params = OmegaConf.to_container(tiny)
-    root = tiny_dir(cache_dir, params)
+    root = tiny_dir(cache_dir, params, seed)
     if (root / "model").is_dir():
         return root / "model"
     init = root / "init"
