@@ -11,8 +11,9 @@ plain TRL in the same repeat, its padding, and our step-time breakdown (forward,
 data wait, save).
 
 `--accuracy` also trains the recipe's whole SFT stage twice from the same input, the recipe's own
-(its mid-training stage, run once through the CLI): as the recipe sets it, and unpacked. It prints
-each held-out score with its standard error, and whether they agree within one.
+(its mid-training stage, run once through the CLI): as the recipe sets it, and unpacked on the same data
+(one chat per row, as many chats per step as a packed step holds, the same steps: only the batching
+differs). It prints each held-out score with its standard error, and whether they agree within one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from trl import SFTConfig, SFTTrainer
 
+from pipeline import packing, tokcache
 from pipeline.config import load_config
 from pipeline.data import load_mixture
 from pipeline.evaluate import run_eval, settings
@@ -93,9 +95,16 @@ def throughput(args, cfg) -> dict:
     return out
 
 
+def chats_per_step(cfg, tok, dataset, cache: str) -> int:
+    """Chats in one step of the recipe's packed SFT: its rows per step times the chats a packed row holds."""
+    rows = tokcache.tokenised(dataset, cfg.sft, tok, Path(cache), "sft")
+    packed = packing.pack(rows, cfg.sft.max_length, cfg.sft.packing_strategy)
+    return round(cfg.sft.per_device_train_batch_size * len(rows) / len(packed))
+
+
 def accuracy(cfg, cache: str, overrides: list[str], out: Path) -> dict:
-    """The recipe's SFT stage from its own input (mid-training, run once through the CLI), as set and unpacked:
-    held-out score and standard error of each, and whether they agree within one."""
+    """The recipe's SFT stage from its own input (mid-training, run once through the CLI), as set and unpacked on
+    the same data: held-out score and standard error of each, and whether they agree within one."""
     cmd = [sys.executable, str(ROOT / "pipeline/run.py"), "recipe=tiny", "stages=[midtrain]", f"cache_dir={cache}",
            f"output_root={out}", "midtrain.gate.action=warn", *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -105,8 +114,10 @@ def accuracy(cfg, cache: str, overrides: list[str], out: Path) -> dict:
     source = run / "stages/01-midtrain/model"
     tok = load_tokenizer(source, cfg.model, need_template=True)
     dataset, ev = load_mixture(cfg.sft.mixture, cfg), settings(cfg, "sft")
-    scores = {}
-    for name, change in {"recipe": {}, "unpacked": UNPACKED}.items():
+    batch = chats_per_step(cfg, tok, dataset, cache)
+    same_data = {"sft": {"packing": False, "per_device_train_batch_size": batch}}
+    scores: dict = {"unpacked_chats_per_step": batch}
+    for name, change in {"recipe": {}, "unpacked": same_data}.items():
         stage, model_cfg = variant(cfg, change)
         metrics = train(stage, model_cfg, source, tok, dataset, out / name, cfg.seed, Path(cache))
         result = run_eval(out / name / "model", ev, run / "eval_tasks", out / name / "eval", model_cfg)
