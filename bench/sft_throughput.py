@@ -1,6 +1,6 @@
 """SFT throughput: our SFT stage vs a plain TRL SFTTrainer with its defaults, same model and data.
 
-    python bench/sft_throughput.py [--steps 60] [--batch 16] [--repeats 3] [--accuracy] [override ...]
+    python bench/sft_throughput.py [--steps 60] [--batch 16] [--repeats 3] [--accuracy] [override ...] [--seeds N ...]
 
 Each repeat trains, interleaved (so a busy machine slows them alike): a plain SFTTrainer (TRL
 defaults: fp32, sdpa, no packing, activation checkpointing on; `--batch` chats per step), our stage
@@ -14,6 +14,9 @@ data wait, save).
 (its mid-training stage, run once through the CLI): as the recipe sets it, and unpacked on the same data
 (one chat per row, as many chats per step as a packed step holds, the same steps: only the batching
 differs). It prints each held-out score with its standard error, and whether they agree within one.
+`--seeds 42 1 2` repeats that for each training seed (each with its own base model and mid-training) and
+also compares the means over the seeds: single runs of a stage move with the seed by about as much as
+one standard error.
 """
 
 from __future__ import annotations
@@ -123,8 +126,25 @@ def accuracy(cfg, cache: str, overrides: list[str], out: Path) -> dict:
         result = run_eval(out / name / "model", ev, run / "eval_tasks", out / name / "eval", model_cfg)
         scores[name] = {"score": result["metrics"][METRIC], "stderr": result["stderr"][METRIC],
                         "tokens_per_s": metrics["tokens_per_s"]}
-    a, b = scores["recipe"], scores["unpacked"]
-    return {**scores, "within_1_stderr": abs(a["score"] - b["score"]) <= max(a["stderr"], b["stderr"])}
+    return {**scores, "within_1_stderr": agree(scores["recipe"], scores["unpacked"])}
+
+
+def agree(a: dict, b: dict) -> bool:
+    """Whether two held-out scores ({score, stderr}) differ by at most the larger standard error."""
+    return abs(a["score"] - b["score"]) <= max(a["stderr"], b["stderr"])
+
+
+def over_seeds(args, cfg) -> dict:
+    """The accuracy comparison for each of `args.seeds` (default: the run's seed), and the means over them."""
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds or [cfg.seed]:
+            extra = [*args.overrides, f"seed={seed}"]
+            cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}", *extra])
+            runs[seed] = accuracy(cfg, args.cache, extra, Path(tmp) / str(seed))
+    mean = {name: {k: round(statistics.mean(r[name][k] for r in runs.values()), 4) for k in ("score", "stderr")}
+            for name in ("recipe", "unpacked")}
+    return {"seeds": runs, "mean": {**mean, "within_1_stderr": agree(mean["recipe"], mean["unpacked"])}}
 
 
 def main() -> None:
@@ -136,6 +156,7 @@ def main() -> None:
     parser.add_argument("--cache", default="runs/.cache")
     parser.add_argument("--accuracy", action="store_true",
                         help="also train the whole SFT stage as set and unpacked")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[], help="training seeds of the accuracy runs")
     parser.add_argument("overrides", nargs="*", help="recipe overrides for our stage, e.g. sft.sampling=random")
     args = parser.parse_args()
     cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}", *args.overrides])
@@ -143,8 +164,7 @@ def main() -> None:
            "recipe_batch": cfg.sft.per_device_train_batch_size, "recipe_packing": cfg.sft.packing,
            **(throughput(args, cfg) if args.repeats else {})}
     if args.accuracy:
-        with tempfile.TemporaryDirectory() as tmp:
-            out["accuracy"] = accuracy(cfg, args.cache, args.overrides, Path(tmp))
+        out["accuracy"] = over_seeds(args, cfg)
     print(json.dumps(out, indent=2))
 
 
