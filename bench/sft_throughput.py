@@ -140,8 +140,8 @@ def over_seeds(args, cfg) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds or [cfg.seed]:
             extra = [*args.overrides, f"seed={seed}"]
-            cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}", *extra])
-            runs[seed] = accuracy(cfg, args.cache, extra, Path(tmp) / str(seed))
+            seeded = load_config(["recipe=tiny", f"cache_dir={args.cache}", *extra])
+            runs[seed] = accuracy(seeded, args.cache, extra, Path(tmp) / str(seed))
     mean = {name: {k: round(statistics.mean(r[name][k] for r in runs.values()), 4) for k in ("score", "stderr")}
             for name in ("recipe", "unpacked")}
     return {"seeds": runs, "mean": {**mean, "within_1_stderr": agree(mean["recipe"], mean["unpacked"])}}
