@@ -25,11 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.chain.runfolder import StageContext
 from pipeline.config import grid, load_config
-from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
 from pipeline.tiny.model import ensure_base_model
-from pipeline.training import load_tokenizer
+from pipeline.train.trainer import load_tokenizer
 
 
 def sweep(overrides: list[str], cache: str, base: Path, pairs: int, out: Path, shared: bool) -> tuple[float, float]:

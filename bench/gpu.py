@@ -11,7 +11,7 @@ shape. Without CUDA it runs a one-minute variant (a tiny shape, length 128) so C
 
 Every run is the pipeline's: `stages.sft.sft_args` / `training.common_args`, `load_model` (fp32 master weights, bf16
 autocast) and `fit` (telemetry). tokens/s counts trained tokens over compute time (step begin to end);
-MFU (pipeline.flops) takes the attention term at the mean document length, since packed documents do not
+MFU (pipeline.train.flops) takes the attention term at the mean document length, since packed documents do not
 attend to each other; peak memory is `torch.cuda.max_memory_allocated`.
 """
 
@@ -31,10 +31,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import DPOConfig, DPOTrainer, SFTTrainer
 
-from pipeline import training
 from pipeline.config import DpoConfig, ModelConfig, TrainConfig
-from pipeline.flops import flops_per_token, peak_flops
 from pipeline.stages import sft
+from pipeline.train import trainer as training
+from pipeline.train.flops import flops_per_token, peak_flops
 
 GPU = torch.cuda.is_available()
 COMMON = {"vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 8192, "rope_theta": 100000.0}

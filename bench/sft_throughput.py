@@ -33,13 +33,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from trl import SFTConfig, SFTTrainer
 
-from pipeline import packing, tokcache
 from pipeline.config import load_config
-from pipeline.data import load_mixture
-from pipeline.evaluate import run_eval, settings
+from pipeline.data import packing, tokcache
+from pipeline.data.mixtures import load_mixture
+from pipeline.evaluation.lmeval import run_eval, settings
 from pipeline.stages.sft import train
 from pipeline.tiny.model import ensure_base_model
-from pipeline.training import load_tokenizer
+from pipeline.train.trainer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 METRIC = "tiny_gsm/exact_match,strict-match"

@@ -292,10 +292,10 @@ class TinyConfig:
 
 @dataclass
 class PlanConfig:
-    """`plan=true`: print what the run would do, with token and GPU-hour estimates, then exit (pipeline/plan.py)."""
+    """`plan=true`: print what the run would do, with token and GPU-hour estimates, then exit (pipeline/chain/plan.py)."""
 
     enabled: bool = arg("print the plan instead of running (`plan=true` is short for plan.enabled=true)", False)
-    gpu: str = arg("a device of the peak-FLOPs table in pipeline/flops.py", "H100")
+    gpu: str = arg("a device of the peak-FLOPs table in pipeline/train/flops.py", "H100")
     num_gpus: int = arg("GPUs the estimate assumes", 8)
     mfu: float = arg("assumed model FLOPs utilisation", 0.35)
     params: float = arg("model parameters; 0: from the model's config (local config.json, known models, tiny)", 0)

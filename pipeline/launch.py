@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.outcome import NAMES
+from pipeline.chain.outcome import NAMES
 
 RUN_SCRIPT = Path(__file__).resolve().with_name("run.py")
 RECIPE_ARG = re.compile(r"^[A-Za-z_][\w.\-]*=")

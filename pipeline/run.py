@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(argv)
         if cfg.plan.enabled:  # dry run: print the plan, load nothing
-            from pipeline.plan import report
+            from pipeline.chain.plan import report
 
             text = report(cfg)
     except ConfigError as err:
@@ -64,10 +64,10 @@ class _LastError(logging.Filter):
 
 def run(cfg, argv: list[str]) -> int:
     """Run the chain on a parsed config; record the outcome (main process); return the exit code."""
-    from pipeline.orchestrator import run_pipeline
-    from pipeline.outcome import EXIT_CRASH, Outcome
-    from pipeline.preempt import EXIT_PREEMPTED, Preempted
-    from pipeline.runfolder import run_dir
+    from pipeline.chain.orchestrator import run_pipeline
+    from pipeline.chain.outcome import EXIT_CRASH, Outcome
+    from pipeline.chain.runfolder import run_dir
+    from pipeline.train.preempt import EXIT_PREEMPTED, Preempted
 
     root, main = run_dir(cfg), _main_process()
     outcome, last_error = Outcome(root, cfg.dpo.sweep.candidate, argv), _LastError()

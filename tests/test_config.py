@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 from pipeline.config import STAGE_KINDS, ConfigError, available_recipes, load_config
-from pipeline.data import load_spec, stage_mixtures
+from pipeline.data.mixtures import load_spec, stage_mixtures
 
 CASES = [
     (["sft.learnin_rate=3e-4"], "unknown config key 'sft.learnin_rate'", "did you mean 'learning_rate'"),
@@ -84,8 +84,8 @@ def test_smol_recipe_has_published_settings():
 
 @pytest.mark.parametrize("recipe", available_recipes())
 def test_every_shipped_recipe_has_gates_its_eval_produces(recipe, tmp_path):
-    from pipeline.evaluate import write_tasks
-    from pipeline.orchestrator import check_gates
+    from pipeline.chain.orchestrator import check_gates
+    from pipeline.evaluation.lmeval import write_tasks
 
     cfg = load_config([f"recipe={recipe}", f"output_root={tmp_path}"])
     check_gates(cfg, write_tasks(cfg, tmp_path / "tasks"))  # raises ConfigError otherwise

@@ -12,7 +12,7 @@ from conftest import ROOT
 from omegaconf import OmegaConf
 
 from pipeline.config import ConfigError, load_config
-from pipeline.data import fingerprints, load_mixture, normalise
+from pipeline.data.mixtures import fingerprints, load_mixture, normalise
 from pipeline.tiny.data import build_splits
 
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"

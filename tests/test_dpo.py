@@ -13,12 +13,12 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from trl import DPOTrainer
 
+from pipeline.chain.runfolder import StageContext
 from pipeline.config import grid, load_config
-from pipeline.gsm import is_correct
-from pipeline.runfolder import StageContext
+from pipeline.evaluation.gsm import is_correct
 from pipeline.stages import dpo
 from pipeline.tiny.data import split_file
-from pipeline.training import load_tokenizer
+from pipeline.train.trainer import load_tokenizer
 
 pytestmark = pytest.mark.slow
 METRIC = "tiny_gsm_val/exact_match,strict-match"  # selection on validation; the test split is for the report

@@ -13,9 +13,9 @@ import pytest
 from conftest import FAST, ROOT, ink, render_in_chromium, run_cli
 from huggingface_hub import ModelCard
 
-from pipeline import leaderboard
 from pipeline.config import load_config
-from pipeline.evaluate import run_eval, settings, write_tasks
+from pipeline.evaluation.lmeval import run_eval, settings, write_tasks
+from pipeline.report import leaderboard
 
 pytestmark = pytest.mark.slow
 METRIC = "tiny_gsm/exact_match,strict-match"
@@ -181,7 +181,7 @@ def test_gsm8k_from_local_files_scores_a_real_checkpoint(gated_run, tmp_path):
 
 
 def test_validation_task_is_disjoint_scored_and_labelled(tmp_path, tiny_base, caplog):
-    from pipeline.orchestrator import check_gates
+    from pipeline.chain.orchestrator import check_gates
     from pipeline.tiny.data import DATA_KEYS, build_splits
 
     cfg = load_config(["recipe=tiny", *FAST, "eval.tasks=[tiny_gsm_val,tiny_gsm]", "eval.limit=5",

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 from pipeline.config import load_config
-from pipeline.evaluate import describe_format, prompt_format, run_eval, settings, write_tasks
+from pipeline.evaluation.lmeval import describe_format, prompt_format, run_eval, settings, write_tasks
 from pipeline.tiny.model import CHAT_TEMPLATE
 
 pytestmark = pytest.mark.slow

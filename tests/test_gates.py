@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.gates import judge
-from pipeline.stats import paired_difference
+from pipeline.evaluation.gates import judge
+from pipeline.evaluation.stats import paired_difference
 
 M = "tiny_gsm/exact_match,strict-match"
 

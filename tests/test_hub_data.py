@@ -16,8 +16,8 @@ from trl import DPOConfig, DPOTrainer
 from trl.data_utils import apply_chat_template, is_conversational, maybe_apply_chat_template
 
 from pipeline.config import load_config
-from pipeline.data import fingerprints, hub_source, load_mixture, normalise
-from pipeline.rl.onpolicy import sample_answers
+from pipeline.data.mixtures import fingerprints, hub_source, load_mixture, normalise
+from pipeline.generation.onpolicy import sample_answers
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hub"
 MESSAGES = datasets.List({"content": datasets.Value("string"), "role": datasets.Value("string")})

@@ -1,11 +1,11 @@
-"""`BufferedLayer` (pipeline/kvcache.py) gives the logits transformers' own dynamic cache gives."""
+"""`BufferedLayer` (pipeline/generation/kvcache.py) gives the logits transformers' own dynamic cache gives."""
 
 from __future__ import annotations
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, DynamicLayer, MistralConfig
 
-from pipeline.kvcache import BufferedLayer, buffered_cache
+from pipeline.generation.kvcache import BufferedLayer, buffered_cache
 
 
 def _decode(model, cache, steps: int) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""lm-eval with its repeated work done once (`pipeline/lmeval_fast.py`) gives the answers plain lm-eval gives."""
+"""lm-eval with its repeated work done once (`pipeline/evaluation/lmeval_fast.py`) gives the answers plain lm-eval gives."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from lm_eval import utils
 from lm_eval.models.huggingface import HFLM
 from realmodel import smollm2_shrunk
 
-from pipeline import lmeval_fast
 from pipeline.config import load_config
-from pipeline.evaluate import run_eval, settings, write_tasks
+from pipeline.evaluation import lmeval_fast
+from pipeline.evaluation.lmeval import run_eval, settings, write_tasks
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from pipeline.merge import linear_merge, load_weights, soup
+from pipeline.chain.merge import linear_merge, load_weights, soup
 
 
 def tiny_model(path: Path, seed: int, intermediate_size: int = 32, **save_kwargs) -> Path:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from pipeline.gsm import extract_answer, is_correct
-from pipeline.rl.onpolicy import build_pairs, on_policy_pairs, sample_answers
+from pipeline.evaluation.gsm import extract_answer, is_correct
+from pipeline.generation.onpolicy import build_pairs, on_policy_pairs, sample_answers
 from pipeline.tiny.data import data_dir
 from pipeline.tiny.model import build_tokenizer
 

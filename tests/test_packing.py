@@ -1,4 +1,4 @@
-"""Packed rows (pipeline/packing.py): the same loss as unpacked training, no attention across documents."""
+"""Packed rows (pipeline/data/packing.py): the same loss as unpacked training, no attention across documents."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from datasets import Dataset
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline import packing
+from pipeline.data.mixtures import packing
 
 PAD = 0
 TOLERANCE = 1e-5  # fp32 on CPU: summation order only

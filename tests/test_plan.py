@@ -11,10 +11,10 @@ import pytest
 from conftest import FAST, ROOT, run_cli
 from safetensors import safe_open
 
+from pipeline.chain.plan import KNOWN_MODELS
 from pipeline.config import grid, load_config
-from pipeline.data import load_spec
-from pipeline.flops import param_count
-from pipeline.plan import KNOWN_MODELS
+from pipeline.data.mixtures import load_spec
+from pipeline.train.flops import param_count
 
 
 def _plan(*args: str) -> dict:
@@ -103,8 +103,8 @@ def test_tiny_plan_and_an_existing_run_planned_by_the_orchestrator(tmp_path, cac
     assert plan["stages"][2]["datasets"][0]["role"] == "on-policy prompts"
     assert not (tmp_path / "tiny").exists()
 
+    from pipeline.chain.resume import decide
     from pipeline.files import write_json
-    from pipeline.resume import decide
 
     cfg = load_config(args)
     first = decide(cfg, tmp_path / "tiny")[0]  # a stage interrupted mid-training resumes

@@ -19,9 +19,11 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import SFTTrainer
 
-from pipeline import precision, tokcache, training
 from pipeline.config import ConfigError, ModelConfig, TrainConfig
+from pipeline.data import tokcache
 from pipeline.stages import sft
+from pipeline.train import precision
+from pipeline.train import trainer as training
 
 BF16_TOL = 5e-3  # absolute, per logged step, bf16 vs fp32 (measured max 3e-4)
 WORDS = [f"w{i}" for i in range(60)]

@@ -2,7 +2,7 @@
 
 Rank 0 tokenises the stage's data while a test hook (`PIPELINE_TEST_SLOW_PREP_S`) makes that take 15 s,
 three times the collective timeout of 5 s the run sets (`collective_timeout_s=5`). The run completes
-because the other rank waits for the cache folder on disk, not at a barrier (pipeline/prep.py), and the
+because the other rank waits for the cache folder on disk, not at a barrier (pipeline/data/prep.py), and the
 process group really runs with the short timeout (read back from the group into the stage metrics).
 """
 

@@ -14,7 +14,7 @@ import torch
 from conftest import FAST, ROOT
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline.telemetry import full_numel
+from pipeline.train.telemetry import full_numel
 
 STOP_RUN = [*FAST, "stages=[sft]", "sft.max_steps=20", "sft.save_steps=1000", "eval.tasks=[]", "sft.gate.metric="]
 

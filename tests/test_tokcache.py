@@ -11,11 +11,11 @@ from conftest import FAST
 from omegaconf import OmegaConf
 from trl import SFTTrainer
 
-from pipeline import tokcache
 from pipeline.config import load_config
-from pipeline.data import load_mixture
+from pipeline.data import tokcache
+from pipeline.data.mixtures import load_mixture
 from pipeline.stages.sft import sft_args, train
-from pipeline.training import load_model, load_tokenizer
+from pipeline.train.trainer import load_model, load_tokenizer
 
 
 @pytest.fixture(scope="module")

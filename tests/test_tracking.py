@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.config import load_config
-from pipeline.tracking import trainer_args
+from pipeline.train.tracking import trainer_args
 
 
 def test_trainer_args_name_the_stage_and_pass_hub_settings_through(tmp_path):

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
-from pipeline import preempt
-from pipeline.distributed import main_writes
-from pipeline.training import save_checkpoint
+from pipeline.train import preempt
+from pipeline.train.distributed import main_writes
+from pipeline.train.trainer import save_checkpoint
 
 log = logging.getLogger("pipeline")
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline.basemodel import heldout_problems
-from pipeline.rl.generation import generate
+from pipeline.chain.basemodel import heldout_problems
+from pipeline.generation.generate import generate
 from pipeline.rl.rewards import as_chat, verifiable
 
 

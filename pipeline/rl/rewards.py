@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from pipeline.chain.runfolder import earlier_stage_model
 from pipeline.config import ConfigError
-from pipeline.gsm import extract_answer, is_correct
-from pipeline.runfolder import earlier_stage_model
-from pipeline.training import with_pad_token
+from pipeline.evaluation.gsm import extract_answer, is_correct
+from pipeline.train.trainer import with_pad_token
 
 Chat = list[dict]
 
@@ -94,7 +94,7 @@ def reward_function(stage: Any, stage_dir: Path, device: Any = "cpu"):
 def load_prompts(stage: Any, cfg: Any, kind: str) -> Any:
     """The RL stage's mixture with its prompts as chats; refuses one without `prompt` (and `answer`, which the
     verifiable reward checks against)."""
-    from pipeline.data import load_mixture
+    from pipeline.data.mixtures import load_mixture
 
     data = load_mixture(stage.mixture, cfg)
     if "prompt" not in data.column_names or (stage.reward == "verifiable" and "answer" not in data.column_names):

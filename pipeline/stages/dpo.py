@@ -18,13 +18,13 @@ from typing import Any
 import datasets
 from trl import DPOConfig, DPOTrainer
 
+from pipeline.chain.runfolder import StageContext
 from pipeline.config import ConfigError
-from pipeline.data import load_mixture
-from pipeline.distributed import main_writes
+from pipeline.data.mixtures import load_mixture
 from pipeline.files import atomic_dir, write_json, write_text
-from pipeline.precision import matmul_precision
-from pipeline.runfolder import StageContext
-from pipeline.training import common_args, fit, load_model, load_tokenizer, lora_config
+from pipeline.train.distributed import main_writes
+from pipeline.train.precision import matmul_precision
+from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
 
@@ -34,7 +34,7 @@ def _on_policy(ctx: StageContext) -> Any:
     path = ctx.stage_dir / "on_policy_pairs.jsonl"
     with main_writes() as main:
         if main and not path.is_file():
-            from pipeline.rl.onpolicy import on_policy_pairs
+            from pipeline.generation.onpolicy import on_policy_pairs
 
             op = ctx.stage.on_policy
             rows = load_mixture(op.mixture, ctx.cfg)

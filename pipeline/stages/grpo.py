@@ -6,11 +6,11 @@ import logging
 
 from trl import GRPOConfig, GRPOTrainer
 
-from pipeline.distributed import is_main
+from pipeline.chain.runfolder import StageContext
 from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, reward_function
-from pipeline.runfolder import StageContext
-from pipeline.training import common_args, fit, load_model, load_tokenizer, lora_config
+from pipeline.train.distributed import is_main
+from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
 

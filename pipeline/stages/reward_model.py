@@ -15,13 +15,13 @@ from transformers import AutoModelForSequenceClassification
 from trl import RewardConfig as TrlRewardConfig
 from trl import RewardTrainer
 
+from pipeline.chain.runfolder import StageContext
 from pipeline.config import ConfigError
-from pipeline.data import load_mixture
-from pipeline.distributed import deepspeed_on, is_main
-from pipeline.precision import load_dtype
+from pipeline.data.mixtures import load_mixture
 from pipeline.rl.rewards import RewardModel, as_chat
-from pipeline.runfolder import StageContext
-from pipeline.training import common_args, fit, load_tokenizer, lora_config
+from pipeline.train.distributed import deepspeed_on, is_main
+from pipeline.train.precision import load_dtype
+from pipeline.train.trainer import common_args, fit, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
 

@@ -16,11 +16,11 @@ from typing import Any
 import pyarrow.compute as pc
 from trl import SFTConfig, SFTTrainer
 
-from pipeline import chat, packing, tokcache
+from pipeline.chain.runfolder import StageContext
 from pipeline.config import ConfigError, cache_dir
-from pipeline.data import load_mixture
-from pipeline.runfolder import StageContext
-from pipeline.training import common_args, fit, load_model, load_tokenizer, lora_config
+from pipeline.data import chat, packing, tokcache
+from pipeline.data.mixtures import load_mixture
+from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
 

@@ -16,11 +16,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from pipeline.config import TrainConfig
-from pipeline.distributed import main_writes
 from pipeline.files import atomic_dir, write_json
 from pipeline.stages.sft import train
 from pipeline.tiny.data import data_dir, tiny_dir
-from pipeline.training import load_tokenizer
+from pipeline.train.distributed import main_writes
+from pipeline.train.trainer import load_tokenizer
 
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"

@@ -21,12 +21,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
-from pipeline import chat, preempt, prep, tracking
-from pipeline import precision as prec
 from pipeline.config import ConfigError
-from pipeline.distributed import deepspeed_on, is_main, main_writes, trainer_state_args
+from pipeline.data import chat, prep
 from pipeline.files import commit_dir, read_json
-from pipeline.telemetry import MEMORY_LIMIT, Telemetry
+from pipeline.train import precision as prec
+from pipeline.train import preempt, tracking
+from pipeline.train.distributed import deepspeed_on, is_main, main_writes, trainer_state_args
+from pipeline.train.telemetry import MEMORY_LIMIT, Telemetry
 
 MFU_ALERT = 0.30  # warn below this model FLOPs utilisation (GPU only: CPUs have no MFU)
 

@@ -19,11 +19,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import merge, stats
+from pipeline.chain import merge
+from pipeline.chain.runfolder import StageContext, StageRecord, Trained, candidate_dir, earlier_stage_model, finished
 from pipeline.config import ConfigError, grid
-from pipeline.distributed import main_writes
+from pipeline.evaluation import stats
 from pipeline.files import atomic_dir, fingerprint
-from pipeline.runfolder import StageContext, StageRecord, Trained, candidate_dir, earlier_stage_model, finished
+from pipeline.train.distributed import main_writes
 
 log = logging.getLogger("pipeline")
 TIE_RULE = "highest metric; ties go to the earlier candidate (grid order, then soup, then merge)"

@@ -104,7 +104,7 @@ def greedy_until(lm: Any, context: Any, attention_mask: Any, max_length: int, st
 
     import torch
 
-    from pipeline.kvcache import buffered_cache
+    from pipeline.generation.kvcache import buffered_cache
 
     model, eos = lm.model, set(eos_ids(lm.model.generation_config))
     last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}

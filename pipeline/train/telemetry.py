@@ -27,7 +27,7 @@ import torch.distributed as dist
 from accelerate import PartialState
 from transformers import TrainerCallback
 
-from pipeline.flops import flops_per_token, peak_flops
+from pipeline.train.flops import flops_per_token, peak_flops
 
 log = logging.getLogger("pipeline")
 

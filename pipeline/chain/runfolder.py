@@ -81,7 +81,7 @@ class StageRecord:
     def write(self, folder: Path, changed: bool = True) -> None:
         """Write `folder/stage.json` on the main process (atomically) when `changed` is true there; every rank
         calls this and waits."""
-        from pipeline.distributed import main_writes  # imports torch, which the dry run (paths only) does without
+        from pipeline.train.distributed import main_writes  # imports torch, which the dry run (paths only) does without
 
         with main_writes() as main:
             if main and changed:

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.gsm import is_correct
-from pipeline.precision import inference_dtype
-from pipeline.rl.generation import generate
-from pipeline.training import with_pad_token
+from pipeline.evaluation.gsm import is_correct
+from pipeline.generation.generate import generate
+from pipeline.train.precision import inference_dtype
+from pipeline.train.trainer import with_pad_token
 
 Chat = list[dict]
 

@@ -21,9 +21,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import lmeval_fast
 from pipeline.config import ROOT, ConfigError
-from pipeline.data import GENERATORS, hub_source
+from pipeline.data.mixtures import GENERATORS, hub_source
+from pipeline.evaluation import lmeval_fast
 from pipeline.files import write_text
 
 log = logging.getLogger("pipeline")
@@ -162,7 +162,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.precision import inference_dtype
+    from pipeline.train.precision import inference_dtype
 
     started = time.time()
     cuda = torch.cuda.is_available()

@@ -26,10 +26,10 @@ import transformers
 import trl
 from trl.data_utils import _tokenize
 
-from pipeline import chat, prep
 from pipeline.config import ConfigError
-from pipeline.distributed import main_writes
+from pipeline.data import chat, prep
 from pipeline.files import atomic_dir, fingerprint
+from pipeline.train.distributed import main_writes
 
 VERSION = 2  # bump when the tokenisation below changes what it writes
 

@@ -17,13 +17,18 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import chat, evaluate, gates, leaderboard, manifest, modelcard, outcome, preempt, stats, sweep
-from pipeline.basemodel import base_model, check_model_path
+from pipeline.chain import manifest, outcome, sweep
+from pipeline.chain.basemodel import base_model, check_model_path
+from pipeline.chain.resume import StageDecision, base_fingerprint, decide, eval_fingerprint
+from pipeline.chain.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, run_dir
 from pipeline.config import ConfigError, stage_section
-from pipeline.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
+from pipeline.data import chat
+from pipeline.evaluation import gates, stats
+from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, write_json, write_text
-from pipeline.resume import StageDecision, base_fingerprint, decide, eval_fingerprint
-from pipeline.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, run_dir
+from pipeline.report import leaderboard, modelcard
+from pipeline.train import preempt
+from pipeline.train.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
 
 log = logging.getLogger("pipeline")
 FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("padding_fraction", "padding {}"),

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.basemodel import architecture
+from pipeline.chain.basemodel import architecture
+from pipeline.chain.runfolder import run_dir, stage_dir
 from pipeline.config import ConfigError, grid
-from pipeline.data import load_spec, stage_mixtures
-from pipeline.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
-from pipeline.runfolder import run_dir, stage_dir
+from pipeline.data.mixtures import load_spec, stage_mixtures
+from pipeline.train.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
 
 KNOWN_MODELS = {  # published config.json fields of dense Llama-style models, so that planning needs no Hub
     "HuggingFaceTB/SmolLM3-3B": {"vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 36,
@@ -116,7 +116,7 @@ def _stages(cfg: DictConfig, root: Path, model: dict, flops_per_s: float) -> lis
     """One row per listed stage: its action, checkpoints, data and estimates."""
     enabled = [n for n in cfg.stages if cfg[n].enabled]
     if (root / "stages").is_dir():
-        from pipeline.resume import decide  # an existing run: the orchestrator's own decision per stage
+        from pipeline.chain.resume import decide  # an existing run: the orchestrator's own decision per stage
 
         actions = {d.name: d.action for d in decide(cfg, root)}
     else:

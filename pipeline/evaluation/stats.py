@@ -14,8 +14,8 @@ import json
 import math
 from pathlib import Path
 
+from pipeline.chain.runfolder import candidate_dir
 from pipeline.files import read_json
-from pipeline.runfolder import candidate_dir
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 

@@ -19,8 +19,9 @@ import io
 import json
 from pathlib import Path
 
-from pipeline import charts, stats
+from pipeline.evaluation import stats
 from pipeline.files import read_json, write_json, write_text
+from pipeline.report import charts
 
 STEP_TIMES = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "eval_s", "save_s")  # telemetry's breakdown
 HYPER = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
