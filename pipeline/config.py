@@ -15,12 +15,13 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES_DIR = ROOT / "recipes"
 MIXTURES_DIR = ROOT / "data_mixtures"
+DEFAULT_RECIPE = "tiny"  # the embedded demo: runs anywhere in minutes
 
 
 def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None, added: bool = False) -> Any:
@@ -67,7 +68,8 @@ class EvalConfig:
     """lm-eval settings. Top-level `eval` applies to every checkpoint; `base_eval` and each stage's
     `eval` override only the fields they set (null = inherit)."""
 
-    tasks: list[str] | None = arg("tiny_gsm, gsm8k_local, gsm8k (Hub), any lm-eval task name", None)
+    tasks: list[str] | None = arg("gsm8k_local, gsm8k_local_val, gsm8k (Hub), a task of eval.include_path or "
+                                  "of the recipe's extension, any lm-eval task name", None)
     num_fewshot: int | None = arg("-1: the task's own default", None)
     limit: int | None = arg("samples per task; 0: all", None)
     max_gen_toks: int | None = arg("most tokens generated per answer", None)
@@ -88,7 +90,7 @@ def _eval_defaults() -> EvalConfig:
 class GateConfig:
     """Decides after a stage's evaluation whether the chain goes on."""
 
-    metric: str = arg("<task>/<metric>,<filter>, e.g. tiny_gsm/exact_match,strict-match; empty: no gate", "")
+    metric: str = arg("<task>/<metric>,<filter>, e.g. gsm8k_local_val/exact_match,strict-match; empty: no gate", "")
     min: float | None = arg("absolute floor", None)
     max_drop: float | None = arg("allowed drop vs the previous evaluated checkpoint", None)
     action: str = arg("stop | warn", "stop")
@@ -113,7 +115,7 @@ class OptimConfig:
     gradient_accumulation_steps: int = arg("micro-batches per optimiser step", 1)
     max_length: int = arg("most tokens per training sequence", 2048)
     padding_free: bool = arg("batches without padding (flash attention's position ids)", False)
-    activation_checkpointing: bool = arg("saves memory on large models; turn off for tiny ones", True)
+    activation_checkpointing: bool = arg("saves memory on large models; turn off for small ones", True)
     matmul_precision: str = arg("fp32 matrix products in training steps (torch.set_float32_matmul_precision): "
                                 "highest | high (TF32 on NVIDIA GPUs) | medium (bf16 products, fp32 sums: GPUs, and "
                                 "CPUs with AMX / avx512_bf16); evaluation and DPO's on-policy sampling keep highest "
@@ -253,7 +255,8 @@ class GrpoConfig(RlConfig):
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = arg("Hub id, local checkpoint, or `tiny`", "HuggingFaceTB/SmolLM3-3B-Base")
+    name_or_path: str = arg("Hub id, local checkpoint, or the section name of the recipe extension that builds it",
+                            "HuggingFaceTB/SmolLM3-3B-Base")
     tokenizer: str = arg("defaults to name_or_path", "")
     chat_template: str = arg("path to a Jinja template; empty keeps the tokenizer's", "")
     precision: str = arg("auto (bf16 on GPUs that have it, else fp32) | bf16 (also CPU autocast) | fp16 (CUDA, dynamic "
@@ -266,48 +269,26 @@ class ModelConfig:
 
 
 @dataclass
-class TinyConfig:
-    """The embedded tiny setup: synthetic GSM8K-style data, a local tokenizer and a tiny model."""
-
-    seed: int = arg("seed of the synthetic data and the model's initialisation", 0)
-    sft_examples: int = arg("chat problems in the sft split", 4000)
-    midtrain_examples: int = arg("rows in the reasoning and arithmetic splits", 4000)
-    general_examples: int = arg("rows in the general text split", 4000)
-    pretrain_examples: int = arg("documents in the pretraining split", 6000)
-    test_examples: int = arg("held-out test problems (task tiny_gsm: the report)", 200)
-    validation_examples: int = arg("held-out validation problems (task tiny_gsm_val: gates and sweep selection)", 500)
-    vocab_size: int = arg("BPE vocabulary size (an upper bound)", 1024)
-    hidden_size: int = arg("model width", 128)
-    num_layers: int = arg("transformer layers", 4)
-    num_heads: int = arg("attention heads", 4)
-    intermediate_size: int = arg("MLP width", 512)
-    max_position_embeddings: int = arg("longest sequence the model takes", 512)
-    pretrain_steps: int = arg("pretraining steps of the base model", 300)
-    pretrain_batch_size: int = arg("pretraining batch size", 16)
-    pretrain_max_length: int = arg("pretraining sequence length", 256)
-    pretrain_learning_rate: float = arg("pretraining learning rate", 2e-3)
-    matmul_precision: str = arg("the pretraining's fp32 matrix products (highest | high | medium; see a stage's "
-                                "matmul_precision)", "highest", added=True)
-
-
-@dataclass
 class PlanConfig:
-    """`plan=true`: print what the run would do, with token and GPU-hour estimates, then exit (pipeline/chain/plan.py)."""
+    """`plan=true`: print what the run would do, with token and GPU-hour estimates, then exit (chain/plan.py)."""
 
     enabled: bool = arg("print the plan instead of running (`plan=true` is short for plan.enabled=true)", False)
     gpu: str = arg("a device of the peak-FLOPs table in pipeline/train/flops.py", "H100")
     num_gpus: int = arg("GPUs the estimate assumes", 8)
     mfu: float = arg("assumed model FLOPs utilisation", 0.35)
-    params: float = arg("model parameters; 0: from the model's config (local config.json, known models, tiny)", 0)
+    params: float = arg("model parameters; 0: from the model's config (local config.json, known models, a built "
+                           "model's settings)", 0)
     output: str = arg("table | json", "table")
 
 
 @dataclass
 class RunConfig:
-    recipe: str = arg("recipes/NAME.yaml the run starts from", "tiny")
+    recipe: str = arg("recipes/NAME.yaml the run starts from", DEFAULT_RECIPE)
+    extension: str = arg("a Python module that adds a config section, data generators, eval tasks and a built base "
+                         "model to the run (pipeline/extension.py), e.g. the embedded demo's", "")
     run_name: str = arg("defaults to the recipe name", "")
     output_root: str = arg("folder that holds the run folders", "runs")
-    cache_dir: str = arg("tokenised data and tiny base models; defaults to <output_root>/.cache", "")
+    cache_dir: str = arg("tokenised data and extensions' data and models; defaults to <output_root>/.cache", "")
     stages: list[str] = arg("the stage chain, in order", factory=lambda: ["sft", "midtrain"])
     redo: list[str] = arg("retrain these finished stages (and every stage after them)", factory=list)
     seed: int = arg("training seed", 42)
@@ -316,7 +297,6 @@ class RunConfig:
     eval: EvalConfig = arg("lm-eval defaults for every checkpoint", factory=_eval_defaults)
     base_eval: EvalConfig = arg("lm-eval settings of the base model over `eval` (null: inherit)",
                                 factory=lambda: EvalConfig(apply_chat_template=False))
-    tiny: TinyConfig = arg("the embedded tiny setup (model.name_or_path=tiny, generator: tiny)", factory=TinyConfig)
     plan: PlanConfig = arg("the dry run", factory=PlanConfig)
     sft: TrainConfig = arg("supervised fine-tuning (chat)", factory=TrainConfig)
     midtrain: TrainConfig = arg("reasoning mid-training (text)", factory=_midtrain_defaults)
@@ -337,7 +317,7 @@ class RunConfig:
 
 
 STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (
-    "model", "tiny", "eval", "base_eval", "plan"))
+    "model", "eval", "base_eval", "plan"))
 CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
@@ -404,24 +384,40 @@ def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix[:-1], node)]
 
 
+def schema(extension: str = "") -> DictConfig:
+    """The run config's schema and defaults (struct mode: unknown keys refused), with the config section of the
+    recipe extension named (pipeline/extension.py), if any."""
+    cfg = OmegaConf.structured(RunConfig)
+    module = None
+    if extension:
+        from pipeline import extension as extensions
+
+        module = extensions.load(extension)
+    if module is not None and hasattr(module, "SECTION"):
+        with open_dict(cfg):
+            cfg[module.SECTION] = OmegaConf.structured(module.Settings)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
 def load_config(argv: list[str]) -> DictConfig:
     """Resolve `recipe=NAME key=value ...` into a validated, read-only run config."""
     overrides = []
     for arg in argv:
         if "=" not in arg:
-            raise ConfigError(f"argument '{arg}' is not key=value (e.g. recipe=tiny sft.learning_rate=1e-4)")
+            raise ConfigError(f"argument '{arg}' is not key=value (e.g. recipe=NAME sft.learning_rate=1e-4)")
         overrides.append(arg.split("=", 1))
-    recipe = next((v for k, v in reversed(overrides) if k == "recipe"), "tiny")  # the last one wins
+    recipe = next((v for k, v in reversed(overrides) if k == "recipe"), DEFAULT_RECIPE)  # the last one wins
     path = RECIPES_DIR / f"{recipe}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown recipe '{recipe}'; available: {', '.join(available_recipes())}")
-    cfg = OmegaConf.structured(RunConfig)
-    OmegaConf.set_struct(cfg, True)
     try:
-        delta = OmegaConf.to_container(OmegaConf.load(path))
+        delta = OmegaConf.to_container(OmegaConf.load(path)) or {}
     except Exception as err:  # noqa: BLE001 - YAML parser errors come in many types
         raise ConfigError(f"cannot parse recipe {path}: {err}") from None
-    for key, value in _flatten(delta or {}):
+    extension = next((v for k, v in reversed(overrides) if k == "extension"), delta.get("extension", ""))
+    cfg = schema(str(extension or ""))
+    for key, value in _flatten(delta):
         _apply(cfg, key, value, f"recipe {path.name}")
     cfg.recipe = recipe
     for key, raw in overrides:
@@ -447,7 +443,8 @@ def validate(cfg: DictConfig) -> None:
     if len(set(cfg.stages)) != len(cfg.stages):
         raise ConfigError(f"'stages' lists a stage twice: {list(cfg.stages)}")
     for key, allowed in CHOICES.items():
-        for section in ("model", "tiny", *STAGE_KINDS, *(f"{k}.gate" for k in STAGE_KINDS)):
+        extension = [s for s in cfg if s not in RunConfig.__dataclass_fields__]  # an extension's section
+        for section in ("model", *extension, *STAGE_KINDS, *(f"{k}.gate" for k in STAGE_KINDS)):
             value = OmegaConf.select(cfg, section).get(key)  # absent keys (not in this schema) give None
             if value is not None and value not in allowed:
                 raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")
@@ -518,7 +515,7 @@ def grid(dpo: Any) -> list[dict]:
 
 
 def cache_dir(cfg: DictConfig) -> Path:
-    """Where tokenised data and tiny base models are cached for this config."""
+    """Where tokenised data and extensions' data and models are cached for this config."""
     return Path(cfg.cache_dir or Path(cfg.output_root) / ".cache")
 
 

@@ -1,4 +1,4 @@
-"""lm-eval with its repeated work done once (`pipeline/evaluation/lmeval_fast.py`) gives the answers plain lm-eval gives."""
+"""lm-eval with its repeated work done once (`evaluation/lmeval_fast.py`) gives the answers plain lm-eval gives."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def build(cfg, argv: list[str], data: dict, run_dir: Path) -> dict:
         "code": code_version(),
         "packages": package_versions(),
         "hardware": hardware(),
-        "seeds": {"run": cfg.seed, "tiny": cfg.tiny.seed},
+        "seeds": {"run": cfg.seed},
         "deterministic": cfg.deterministic,
         "data": data,
     }

@@ -69,7 +69,7 @@ def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
         task = gate.metric.partition("/")[0]
         if gate.metric and evaluate.metric_splits(ev, tasks_dir).get(task) == "test":
             log.warning("the gate of stage %s judges %s on a test split: test numbers are for the report; gate and "
-                        "select on a validation task (e.g. tiny_gsm_val, gsm8k_local_val)", name, task)
+                        "select on a validation task (e.g. gsm8k_local_val)", name, task)
 
 
 def open_run_dir(root: Path, lock: RunLock) -> str | None:
@@ -238,8 +238,8 @@ def _run_chain(run: Run) -> int:
 
 def _freeze_survivors() -> None:
     """Collect the last stage's garbage, then keep what survives (libraries, config, caches) out of every later
-    collection (`gc.freeze`). A full collection scans every object, about 0.2 s once torch, transformers and
-    lm-eval are loaded; the tiny chain's full collections took 3.0 s, 1.6 s with this (2 CPU cores)."""
+    collection (`gc.freeze`): a full collection scans every object, and torch, transformers and lm-eval leave
+    many."""
     gc.collect()
     gc.freeze()
 

@@ -36,9 +36,8 @@ class StageDecision:
 
 def base_fingerprint(cfg: DictConfig) -> str:
     """The base model's fingerprint: its settings (and a built model's settings)."""
-    # the key stays "tiny", so that existing run folders keep their fingerprints and resume
     model = fingerprint_view(OmegaConf.to_container(cfg.model), ModelConfig)
-    return fingerprint({"model": model, "tiny": base_settings(cfg)})
+    return fingerprint({"model": model, "built": base_settings(cfg)})
 
 
 def eval_fingerprint(upstream: str, ev: dict) -> str | None:

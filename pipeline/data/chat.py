@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline import extension
 from pipeline.config import ConfigError
 
 CHATML = (
@@ -99,7 +100,7 @@ def check_chain(cfg: Any) -> None:
     """Refuse, before any training, a chain with a chat stage when neither the base tokenizer nor
     `model.chat_template` gives a chat template (SFT / mid-training with format chat, DPO, PPO, GRPO, reward)."""
     chat = [n for n in cfg.stages if cfg[n].enabled and cfg[n].get("format", "chat") == "chat"]
-    if not chat or cfg.model.chat_template or cfg.model.name_or_path == "tiny":
+    if not chat or cfg.model.chat_template or extension.builds_base(cfg):  # a built model brings its own
         return
     from transformers import AutoTokenizer
 

@@ -1,9 +1,9 @@
 """Data mixtures: load sources, map columns, weight, mix, fingerprint.
 
 A mixture (`data_mixtures/NAME.yaml`) lists sources. Each source is a local file
-(`path`: .jsonl, .json or .parquet), a Hub dataset (`hub`, `name`, `split`, `revision`) or a
-built-in generator (`generator: tiny`, `split`). `columns` maps a target field to a source
-column; targets are `messages`, `text`, `prompt`, `chosen`, `rejected`, `answer`, and `user` /
+(`path`: .jsonl, .json or .parquet), a Hub dataset (`hub`, `name`, `split`, `revision`) or a generator
+of the recipe's extension (`generator: NAME`, `split`; pipeline/extension.py). `columns` maps a target field to
+a source column; targets are `messages`, `text`, `prompt`, `chosen`, `rejected`, `answer`, and `user` /
 `assistant` / `system` (a single-turn chat built into `messages`), and `chat_template_kwargs`
 (per-row template switches such as SmolLM3's think / no_think, passed to the chat template).
 Unmapped targets are taken from a column of the same name when there is one. `weight` <= 1 takes
@@ -31,14 +31,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from pipeline import extension
 from pipeline.config import MIXTURES_DIR, ConfigError, explain_error
 from pipeline.files import sha256_file
-from pipeline.tiny import data as tiny_data
 
 TARGETS = ("messages", "text", "prompt", "chosen", "rejected", "answer", "user", "assistant", "system",
            "chat_template_kwargs")
 ROLES = ("system", "user", "assistant", "tool")
-GENERATORS = {"tiny": tiny_data.split_file}  # `generator: NAME` -> (run config, split) -> local JSONL file
 log = logging.getLogger("pipeline")
 
 
@@ -85,8 +84,6 @@ def load_spec(name: str) -> DictConfig:
         kinds = [k for k in ("path", "hub", "generator") if src[k]]
         if len(kinds) != 1:
             raise ConfigError(f"mixture {path} source {i}: set exactly one of path, hub, generator")
-        if src.generator and src.generator not in GENERATORS:
-            raise ConfigError(f"mixture {path} source {i}: unknown generator '{src.generator}' ({tuple(GENERATORS)})")
         bad = [t for t in src.columns if t not in TARGETS]
         if bad:
             raise ConfigError(f"mixture {path} source {i}: unknown target column {bad}; targets: {TARGETS}")
@@ -97,7 +94,7 @@ def load_spec(name: str) -> DictConfig:
 
 def _local_file(src: DictConfig, cfg: DictConfig) -> Path | None:
     if src.generator:
-        return GENERATORS[src.generator](cfg, src.split)
+        return extension.generator(cfg, src.generator, "a mixture source")(cfg, src.split)
     if src.path:
         path = Path(src.path)
         if not path.is_file():

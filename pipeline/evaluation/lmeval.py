@@ -5,7 +5,7 @@ source; their `${...}` placeholders are filled here and the result is written to
 `<run>/eval_tasks/`, so `lm_eval --include_path <run>/eval_tasks` reproduces a score. Any other
 lm-eval task is used by name (`gsm8k` needs the Hub), and `eval.include_path` adds a folder of
 user task YAMLs. Metrics are named `<task>/<metric>,<filter>` (e.g.
-`tiny_gsm/exact_match,strict-match`).
+`gsm8k_local_val/exact_match,strict-match`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline import extension
 from pipeline.config import ROOT, ConfigError
-from pipeline.data.mixtures import GENERATORS, hub_source
+from pipeline.data.mixtures import hub_source
 from pipeline.evaluation import lmeval_fast
 from pipeline.files import write_text
 
@@ -53,7 +54,8 @@ def gsm8k_source(cfg: DictConfig) -> dict:
 
 
 def write_tasks(cfg: DictConfig, out: Path) -> Path:
-    """Fill the shipped task templates with this run's data paths and write them to `out`."""
+    """Fill the shipped task templates with this run's data paths and write them, and the recipe extension's
+    tasks, to `out`."""
     import lm_eval
     from lm_eval.tasks import TaskManager  # noqa: F401 - fails early if lm-eval is missing
 
@@ -63,9 +65,6 @@ def write_tasks(cfg: DictConfig, out: Path) -> Path:
     source = gsm8k_source(cfg)
     values.update(gsm8k_path=json.dumps(source["path"]), gsm8k_name=json.dumps(source["name"]),
                   gsm8k_kwargs=json.dumps({"data_files": source["data_files"]} if "data_files" in source else None))
-    tiny = GENERATORS["tiny"]  # cheap to generate (cached), so tiny_gsm always works
-    values.update({f"tiny_{split}": str(tiny(cfg, name).resolve())
-                   for split, name in (("train", "gsm_train"), ("test", "test"), ("validation", "validation"))})
     for template in sorted(TASK_TEMPLATES.glob("*.yaml")):
         try:
             text = string.Template(template.read_text(encoding="utf-8")).substitute(values)
@@ -74,6 +73,7 @@ def write_tasks(cfg: DictConfig, out: Path) -> Path:
         write_text(out / template.name, text)
     for helper in sorted(TASK_TEMPLATES.glob("*.py")):  # functions the YAMLs name (`!function module.name`)
         write_text(out / helper.name, helper.read_text(encoding="utf-8"))
+    extension.write_tasks(cfg, out)
     return out
 
 
@@ -103,7 +103,7 @@ def expected_metrics(ev: dict, tasks_dir: Path) -> set[str]:
     for task in ev["tasks"]:
         entry = tm.task_index.get(task)
         if entry is None or entry.cfg is None:
-            raise ConfigError(f"unknown lm-eval task '{task}' (shipped: tiny_gsm, gsm8k_local; "
+            raise ConfigError(f"unknown lm-eval task '{task}' (shipped: gsm8k_local, gsm8k_local_val; "
                               "or any lm-eval task name, or a folder in eval.include_path)")
         metrics = [m["metric"] for m in entry.cfg.get("metric_list", [])]
         filters = [f["name"] for f in entry.cfg.get("filter_list", [])] or ["none"]

@@ -98,7 +98,7 @@ def to_csv(table: list[dict]) -> str:
 
 def headers(table: list[dict]) -> dict[str, str]:
     """Column name -> header: a metric's says which split its number comes from, e.g.
-    `tiny_gsm_val/exact_match,strict-match [validation]` (from the rows' `splits`)."""
+    `gsm8k_local_val/exact_match,strict-match [validation]` (from the rows' `splits`)."""
     split = dict(part.split(": ", 1) for r in table for part in filter(None, (r.get("splits") or "").split(", ")))
     return {c: f"{c} [{split[c.split('/')[0]]}]" if "/" in c and c.split("/")[0] in split else c
             for c in columns(table)}

@@ -13,6 +13,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from omegaconf import OmegaConf
 
+from pipeline import extension
 from pipeline.files import read_json, write_text
 
 KEYS = ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
@@ -82,17 +83,18 @@ def card(run_dir: Path, stage_dir: Path) -> ModelCard:
     records = [(p.name, read_json(p / "stage.json") or {}) for p in stages]
     trained = [(n, r) for n, r in records if n != "00-base"]
     base = cfg.model.name_or_path
+    built = bool(cfg.get("extension")) and base == getattr(extension.load(cfg.extension), "SECTION", None)
     own = (records[-1][1].get("eval") or {}).get("metrics") or {}
     results = [EvalResult(task_type="text-generation", dataset_type=k.split("/")[0], dataset_name=k.split("/")[0],
                           dataset_split="test", metric_type=k.split("/")[1].split(",")[0], metric_name=k.split("/")[1],
                           metric_value=v) for k, v in own.items()]
     data = ModelCardData(model_name=f"{cfg.run_name}/{Path(stage_dir).name}", library_name="transformers",
-                         base_model=None if base == "tiny" or Path(base).exists() else base,
+                         base_model=None if built or Path(base).exists() else base,
                          tags=["smol-pipeline", *(r.get("stage", "") for _, r in trained)],
                          eval_results=results or None)
     body = [f"# {cfg.run_name} / {Path(stage_dir).name}", "",
             f"Trained by smol-pipeline (recipe `{cfg.recipe}`, seed {cfg.seed}) from base model `{base}`"
-            + (" (the tiny Llama the pipeline builds)" if base == "tiny" else "") + ".", "",
+            + (f" (built by the recipe's extension `{cfg.extension}`)" if built else "") + ".", "",
             "## Stages", "", *_chain(trained), "", "## Evaluation (test split; +- is lm-eval's stderr)", "",
             *_evals(records), ""]
     selections = [line for n, r in trained for line in _selection(n, r)]

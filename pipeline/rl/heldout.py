@@ -1,5 +1,5 @@
 """Held-out scoring for RL stages: the mean verifiable reward of greedy answers to held-out problems
-(those that ship with a built base model; none for other models)."""
+(those the recipe's extension ships; none otherwise)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline.chain.basemodel import heldout_problems
+from pipeline.extension import heldout_problems
 from pipeline.generation.generate import generate
 from pipeline.rl.rewards import as_chat, verifiable
 
 
 def heldout_rows(cfg: DictConfig) -> list[dict]:
-    """The held-out problems as {prompt (chat), answer}; empty when the base model ships none."""
+    """The held-out problems as {prompt (chat), answer}; empty when the recipe's extension ships none."""
     return [{"prompt": as_chat(r["question"]), "answer": r["answer"]} for r in heldout_problems(cfg)]
 
 

@@ -1,5 +1,5 @@
 """SFT and reasoning mid-training: one code path (TRL's SFTTrainer; same trainer, different data and settings).
-The tiny base model's pretraining uses it too.
+An extension's base-model pretraining may use it too.
 
 `format: chat` trains on `messages` through the tokenizer's chat template with assistant-only loss
 and packing; `format: text` tokenises documents itself (chat rows rendered through the template),

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import TinyConfig, cache_dir, fingerprint_view
+from pipeline.config import cache_dir, fingerprint_view
 from pipeline.files import atomic_dir, fingerprint
+from pipeline.tiny.settings import TinyConfig
 
 NAMES = ["Tom", "Mia", "Sam", "Ava", "Leo", "Zoe", "Max", "Ivy", "Ben", "Amy", "Dan", "Eva"]
 ITEMS = ["apple", "book", "coin", "pen", "card", "shell", "stamp", "marble", "cookie", "flower"]
