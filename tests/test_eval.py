@@ -20,7 +20,7 @@ from pipeline.report import leaderboard
 pytestmark = pytest.mark.slow
 METRIC = "tiny_gsm/exact_match,strict-match"
 FLEX = "tiny_gsm/exact_match,flexible-extract"  # a few steps of training already score on it
-GSM8K_DIR = ROOT.parent / "shared" / "data" / "gsm8k"
+GSM8K_DIR = ROOT / "tests" / "fixtures" / "gsm8k"  # the first rows of GSM8K, shipped
 
 
 def _run(out: Path, cache_dir: Path, *args: str):
@@ -147,7 +147,6 @@ def test_gate_on_a_metric_the_eval_does_not_produce_fails_at_start(tmp_path, cac
     assert not (tmp_path / "tiny/stages").exists()
 
 
-@pytest.mark.skipif(not GSM8K_DIR.is_dir(), reason="../shared/data/gsm8k is not beside this checkout")
 def test_gsm8k_from_local_files_scores_a_real_checkpoint(gated_run, tmp_path):
     """Scores the real GSM8K test file, then items whose answers are known: the same questions twice, once with
     the answer the checkpoint gives (right by construction) and once with one it cannot give (wrong)."""

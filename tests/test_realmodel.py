@@ -14,7 +14,7 @@ from conftest import ROOT, run_cli
 from realmodel import smollm2_checkpoint
 
 pytestmark = pytest.mark.slow
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"  # tests may read the shared copy
+GSM8K = ROOT / "tests" / "fixtures" / "gsm8k"  # the first rows of GSM8K, shipped
 # Small enough for 2 CPU cores: short sequences, 2 SFT steps, 1 APO step on 2 on-policy prompts, evals of 1 item.
 # (A quiet 2-core machine trains this 135M model at ~20 tokens/s; the timeouts below only catch a hang.)
 SMOKE = ["sft.max_steps=2", "sft.max_length=256", "sft.per_device_train_batch_size=1", "sft.gate.action=warn",
