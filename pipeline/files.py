@@ -1,18 +1,23 @@
 """Atomic file and folder writes, and content fingerprints.
 
 A crash must never leave a half-written file or checkpoint under its final name: everything is
-written to a temporary name in the same folder, fsynced, then renamed.
+written to a temporary name in the same folder, fsynced, then renamed. Temporary names carry the host, the
+pid and a random part, so writers on several hosts of a shared filesystem (or threads of one process) never
+share one. A content-addressed cache folder is published first-wins: any number of writers may build the
+same entry at once, the first complete one is kept and the others discard theirs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +31,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def temp_name(path: Path, kind: str = "tmp") -> Path:
+    """A hidden name beside `path` that no other writer, on any host, in any thread, picks."""
+    return path.with_name(f".{path.name}.{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+
+
 def write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (temp file, fsync, rename)."""
+    """Write `text` to `path` atomically (temp file, fsync, rename); concurrent writers: the last one wins."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_name(path)
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()
@@ -52,15 +62,19 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
-def commit_dir(tmp: Path, path: Path) -> None:
-    """Fsync every file under the finished folder `tmp`, then rename it to `path` (replacing it)."""
-    tmp, path = Path(tmp), Path(path)
+def _fsync_tree(tmp: Path) -> None:
     for file in tmp.rglob("*"):
         if file.is_file():
             with open(file, "rb") as fh:
                 os.fsync(fh.fileno())
-    old = path.with_name(f".{path.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
+
+
+def commit_dir(tmp: Path, path: Path) -> None:
+    """Fsync every file under the finished folder `tmp`, then rename it to `path`, replacing it (for a folder
+    with one writer, like a run's model; a content-addressed cache entry is published with `publish_dir`)."""
+    tmp, path = Path(tmp), Path(path)
+    _fsync_tree(tmp)
+    old = temp_name(path, "old")
     if path.exists():
         os.replace(path, old)
     os.replace(tmp, path)
@@ -68,20 +82,36 @@ def commit_dir(tmp: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def publish_dir(tmp: Path, path: Path) -> bool:
+    """Fsync the finished folder `tmp` and rename it to `path` unless another writer's complete folder is already
+    there (the content is the same: `path` is content-addressed); then `tmp` is removed. Whether `tmp` won."""
+    tmp, path = Path(tmp), Path(path)
+    _fsync_tree(tmp)
+    try:
+        os.rename(tmp, path)  # POSIX: onto a non-empty folder this fails, it never merges or replaces
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not path.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    _fsync_dir(path.parent)
+    return True
+
+
 @contextlib.contextmanager
-def atomic_dir(path: Path) -> Iterator[Path]:
-    """Yield a temporary folder beside `path`; on success commit it to `path` (see `commit_dir`).
+def atomic_dir(path: Path, first_wins: bool = False) -> Iterator[Path]:
+    """Yield a fresh temporary folder beside `path`; on success commit it to `path`: replacing it (`commit_dir`),
+    or with `first_wins` for a content-addressed cache entry, keeping the one already there (`publish_dir`).
 
     On error the temporary folder is removed and `path` is left as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temp_name(path)
     tmp.mkdir()
     try:
         yield tmp
-        commit_dir(tmp, path)
+        (publish_dir if first_wins else commit_dir)(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -5,6 +5,9 @@ matches one process with 2 gradient-accumulation steps, as tests/test_distribute
 Run twice: with `accelerate launch` as the README gives it, and with the exact command each node of a Slurm
 job runs (slurm/node.sh, which slurm/launch.sh starts on every node with srun), for SLURM_NNODES=2 and
 SLURM_NODEID=0 / 1, with the main address 127.0.0.1 (what launch.sh takes from the job's node list).
+
+And on an empty cache, three times: both machines reach every cache folder (data, tokenizer, base model,
+tokenised rows) before it exists, and both must come through.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ CHAIN = [*FAST, "sft.max_steps=6", "midtrain.max_steps=4", "sft.logging_steps=1"
          "midtrain.gate.metric=", "eval.tasks=[]"]
 
 
+# the least that builds every cache folder on two machines: a few pretraining and SFT steps, no evaluation
+EMPTY_CACHE = [*FAST, "tiny.pretrain_steps=4", "sft.max_steps=2", "sft.logging_steps=1", "stages=[sft]",
+               "sft.gate.metric=", "eval.tasks=[]"]
+
+
 def _accumulation(steps: int) -> list[str]:
     return [f"{stage}.gradient_accumulation_steps={steps}" for stage in ("sft", "midtrain")]
 
@@ -35,6 +43,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _two_machines(port: int, args: list[str]) -> list[tuple[list[str], dict]]:
+    """`accelerate launch` for machine 0 and machine 1 of a world of 2, one process each."""
+    return [(["accelerate", "launch", "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2",
+              "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--multi_gpu",
+              "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "pipeline/run.py"), *args], {})
+            for rank in (0, 1)]
 
 
 def _both(commands: list[list[str]], env: dict | None = None) -> list[subprocess.CompletedProcess]:
@@ -71,15 +87,23 @@ def one_process(tmp_path_factory, cache_dir, tiny_base) -> Path:
 
 
 def test_two_machines_under_accelerate_launch_match_one_process(one_process, tmp_path, cache_dir):
-    port = _free_port()
     args = ["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *CHAIN, *_accumulation(1)]
-    commands = [(["accelerate", "launch", "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2",
-                  "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--multi_gpu",
-                  "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "pipeline/run.py"), *args], {})
-                for rank in (0, 1)]
-    for proc in _both(commands):
+    for proc in _both(_two_machines(_free_port(), args)):
         assert proc.returncode == 0, proc.stderr[-4000:]
     _assert_matches(tmp_path / "tiny", one_process)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_two_machines_on_an_empty_cache_both_come_through(tmp_path, attempt):
+    cache = tmp_path / "cache"
+    args = ["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache}", *EMPTY_CACHE]
+    for rank, proc in enumerate(_both(_two_machines(_free_port(), args))):
+        assert proc.returncode == 0, f"machine {rank}: {proc.stderr[-4000:]}"
+    record = json.loads((tmp_path / "tiny" / "stages" / "01-sft" / "stage.json").read_text())
+    assert record["status"] == "done" and record["world_size"] == record["metrics"]["world_size"] == 2
+    (base,) = cache.glob("tiny-*/model")
+    assert json.loads((base.parent / "pretrain.json").read_text())["world_size"] == 2  # built by both machines
+    assert [p.name for p in cache.rglob(".*")] == []  # no temporary folder left behind
 
 
 def test_the_slurm_node_commands_run_the_chain_on_two_machines(one_process, tmp_path, cache_dir):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import shutil
 import sys
 import time
@@ -25,7 +24,7 @@ from pipeline.config import ConfigError, stage_section
 from pipeline.data import chat
 from pipeline.evaluation import gates, stats
 from pipeline.evaluation import lmeval as evaluate
-from pipeline.files import RunLock, write_json, write_text
+from pipeline.files import RunLock, temp_name, write_json, write_text
 from pipeline.report import leaderboard, modelcard
 from pipeline.train import preempt
 from pipeline.train.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
@@ -76,7 +75,7 @@ def open_run_dir(root: Path, lock: RunLock) -> str | None:
     """Create the run folder, check it is writable and lock it; return an error message or None."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-test-{os.getpid()}"  # one per process: sweep array tasks share it
+        probe = temp_name(root / ".write-test")  # one per process: sweep array tasks share the folder
         write_text(probe, "ok")
         probe.unlink()
     except OSError as err:

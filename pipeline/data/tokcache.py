@@ -111,7 +111,7 @@ def tokenised(dataset: Any, stage: Any, tok: Any, cache_dir: Path, name: str) ->
             log.info("%s: tokenised data: cache miss, tokenising %d rows into %s", name, len(dataset), path)
             tokens = tokenise(dataset, stage, tok)
             prep.slow_down_for_tests()
-            with atomic_dir(path) as tmp:
+            with atomic_dir(path, first_wins=True) as tmp:  # another run sharing the cache may race
                 tokens.save_to_disk(str(tmp))
         else:
             prep.wait_for_dir(path, f"{name}'s tokenised data")

@@ -68,7 +68,7 @@ def on_disk(pairs: Any, path: Path) -> Any:
     (datasets caches a map beside the data, keyed by the dataset's fingerprint)."""
     with main_writes() as main:
         if main and not path.is_dir():
-            with atomic_dir(path) as tmp:
+            with atomic_dir(path, first_wins=True) as tmp:  # sweep array tasks share the stage folder
                 pairs.save_to_disk(str(tmp))
     return datasets.load_from_disk(str(path))
 
@@ -106,7 +106,7 @@ def with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:
         log.info("reference log-probs of %d pairs computed once for every candidate: %s", len(computed), path)
         with main_writes() as main:
             if main:
-                with atomic_dir(path) as tmp:
+                with atomic_dir(path, first_wins=True) as tmp:
                     computed.save_to_disk(str(tmp))
                 shutil.rmtree(work, ignore_errors=True)
     return datasets.load_from_disk(str(path))

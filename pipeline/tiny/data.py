@@ -165,7 +165,7 @@ def data_dir(cache: Path, tiny: dict) -> Path:
     params = {k: tiny[k] for k in DATA_KEYS}
     out = Path(cache) / f"tiny-data-{fingerprint({**params, 'version': DATA_VERSION})}"
     if not out.is_dir():
-        with atomic_dir(out) as tmp:
+        with atomic_dir(out, first_wins=True) as tmp:  # any rank, any run: the first complete one is kept
             for split, rows in build_splits(params).items():
                 with open(tmp / f"{split}.jsonl", "w", encoding="utf-8") as fh:
                     fh.writelines(json.dumps(r) + "\n" for r in rows)

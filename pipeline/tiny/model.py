@@ -1,10 +1,12 @@
 """The tiny setup's tokenizer and base model, built once under `<cache_dir>/tiny-<hash>/`: `init/` (the
-tokenizer and a random Llama) and `model/` (after a short causal-LM pretraining on the `pretrain` split).
+tokenizer and a random Llama) and `model/` (after a short causal-LM pretraining on the `pretrain` split), each
+published first-wins (`files.publish_dir`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from pipeline.config import TrainConfig
-from pipeline.files import atomic_dir, write_json
+from pipeline.files import atomic_dir, publish_dir, temp_name, write_json
 from pipeline.stages.sft import train
 from pipeline.tiny.data import data_dir, tiny_dir
-from pipeline.train.distributed import main_writes
+from pipeline.train.distributed import main_value, main_writes
 from pipeline.train.trainer import load_tokenizer
 
 CHAT_TEMPLATE = (
@@ -85,24 +87,31 @@ def ensure_base_model(cache_dir: Path, tiny: Any, model_cfg: Any, seed: int) -> 
     """The tiny base checkpoint, built once: tokenizer, random init, short causal-LM pretraining.
 
     The pretraining is the pipeline's own text-training path and runs collectively on all ranks;
-    only the main process writes files.
+    only the main process of the world writes files, once per world (the cache is on a filesystem every node
+    shares). Runs sharing the cache may build the same base at once: each world pretrains in a folder of its own
+    and the first complete model is kept. Every rank follows the main process's look at the cache, so the ranks
+    of a world never split between building and loading.
     """
     params = OmegaConf.to_container(tiny)
     root = tiny_dir(cache_dir, params, seed)
-    if (root / "model").is_dir():
+    if main_value((root / "model").is_dir()):
         return root / "model"
     init = root / "init"
     with main_writes() as main:
-        data = data_dir(cache_dir, params) if main else None
-        if main and not init.is_dir():
-            with atomic_dir(init) as tmp:
-                build_tokenizer(data, tiny.vocab_size, tmp)
-                _init_model(tmp, params)
+        if main:
+            data = data_dir(cache_dir, params)
+            if not init.is_dir():
+                with atomic_dir(init, first_wins=True) as tmp:
+                    build_tokenizer(data, tiny.vocab_size, tmp)
+                    _init_model(tmp, params)
     rows = [json.loads(line) for line in open(data_dir(cache_dir, params) / "pretrain.jsonl", encoding="utf-8")]
     tok = load_tokenizer(init, model_cfg, need_template=False)
-    metrics = train(_pretrain_settings(tiny), model_cfg, init, tok, datasets.Dataset.from_list(rows), root, seed,
-                    cache_dir)
+    build = Path(main_value(str(temp_name(root / "build"))))  # this world's: checkpoints and the model
+    metrics = train(_pretrain_settings(tiny), model_cfg, init, tok, datasets.Dataset.from_list(rows),
+                    build / "pretrain", seed, cache_dir)
     with main_writes() as main:
         if main:
-            write_json(root / "pretrain.json", metrics)
+            if publish_dir(build / "pretrain" / "model", root / "model"):
+                write_json(root / "pretrain.json", metrics)
+            shutil.rmtree(build, ignore_errors=True)
     return root / "model"

@@ -9,10 +9,14 @@ import os
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 from accelerate import PartialState
 from accelerate.state import AcceleratorState
+from accelerate.utils import broadcast_object_list
+
+T = TypeVar("T")
 
 
 def deepspeed_on() -> bool:
@@ -48,6 +52,16 @@ def trainer_state_args() -> dict:
 def is_main() -> bool:
     """Whether this is the main process (the one that writes run files)."""
     return PartialState().is_main_process
+
+
+def main_value(value: T) -> T:
+    """The main process's `value`, on every rank. A rank's look at a folder that another run may be writing (a
+    shared cache) can differ from its neighbours'; a choice between collective paths must follow one answer."""
+    if PartialState().num_processes == 1:
+        return value
+    box = [value]
+    broadcast_object_list(box)
+    return box[0]
 
 
 @contextlib.contextmanager
