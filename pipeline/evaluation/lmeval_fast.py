@@ -13,11 +13,8 @@ On a small model `lm_eval.simple_evaluate` spends a good part of its time outsid
   (lm-eval's decode drops them), thinking models and generation configs that add logits processors keep
   lm-eval's own generation.
 
-`applied()` installs all three for the length of a `with` block (`evaluate.run_eval`). Measured on the
-tiny recipe's SFT model, 800 problems, 2 CPU cores, in one process with 3 alternating rounds: 10.2-12.6 s
-per evaluation with none, 8.8-11.0 s with the first two, 7.8-9.6 s with all three at batch 64 (the third
-alone is within noise there; it pays with larger batches and `kvcache.BufferedLayer`: README, 'Telemetry
-and benchmarks'). tests/test_lmeval_fast.py checks that the answers are the same as plain lm-eval's.
+`applied()` installs all three for the length of a `with` block (`evaluate.run_eval`). tests/test_lmeval_fast.py
+checks that the answers are the same as plain lm-eval's; bench/lmeval_patches.py measures what they save.
 """
 
 from __future__ import annotations
