@@ -6,7 +6,7 @@ import torch
 from datasets import Dataset
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline.data.mixtures import packing
+from pipeline.data import packing
 
 PAD = 0
 TOLERANCE = 1e-5  # fp32 on CPU: summation order only
