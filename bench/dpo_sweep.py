@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.chain.runfolder import StageContext
 from pipeline.config import grid, load_config
+from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
 from pipeline.tiny.model import ensure_base_model
 from pipeline.train.trainer import load_tokenizer

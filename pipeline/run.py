@@ -66,7 +66,7 @@ def run(cfg, argv: list[str]) -> int:
     """Run the chain on a parsed config; record the outcome (main process); return the exit code."""
     from pipeline.chain.orchestrator import run_pipeline
     from pipeline.chain.outcome import EXIT_CRASH, Outcome
-    from pipeline.chain.runfolder import run_dir
+    from pipeline.runfolder import run_dir
     from pipeline.train.preempt import EXIT_PREEMPTED, Preempted
 
     root, main = run_dir(cfg), _main_process()

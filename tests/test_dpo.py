@@ -13,9 +13,9 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from trl import DPOTrainer
 
-from pipeline.chain.runfolder import StageContext
 from pipeline.config import grid, load_config
 from pipeline.evaluation.gsm import is_correct
+from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
 from pipeline.tiny.data import split_file
 from pipeline.train.trainer import load_tokenizer

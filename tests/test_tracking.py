@@ -6,7 +6,6 @@ import json
 
 import pytest
 from conftest import FAST, run_cli
-from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.config import load_config
@@ -14,13 +13,13 @@ from pipeline.train.tracking import trainer_args
 
 
 def test_trainer_args_name_the_stage_and_pass_hub_settings_through(tmp_path):
-    cfg = load_config(["recipe=tiny", "run_name=exp1", "report_to=[wandb,trackio]", "push_to_hub=true",
-                       "hub_model_id=me/smol"])
-    (tmp_path / "resolved.yaml").write_text(OmegaConf.to_yaml(cfg))
-    work = tmp_path / "stages/03-dpo/candidates/beta0.1-lr1e-05/work"
-    assert trainer_args(work) == {"report_to": ["wandb", "trackio"], "run_name": "exp1/03-dpo/beta0.1-lr1e-05",
-                                  "push_to_hub": True, "hub_model_id": "me/smol-03-dpo-beta0.1-lr1e-05"}
-    assert trainer_args(tmp_path.parent / "elsewhere" / "work") == {"report_to": "none"}  # not in a run folder
+    cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", "run_name=exp1", "report_to=[wandb,trackio]",
+                       "push_to_hub=true", "hub_model_id=me/smol"])
+    work = tmp_path / "exp1/stages/03-dpo/candidates/beta0.1-lr1e-05/work"
+    assert trainer_args(cfg, work) == {"report_to": ["wandb", "trackio"], "run_name": "exp1/03-dpo/beta0.1-lr1e-05",
+                                       "push_to_hub": True, "hub_model_id": "me/smol-03-dpo-beta0.1-lr1e-05"}
+    assert trainer_args(cfg, tmp_path / "elsewhere" / "work") == {"report_to": "none"}  # not in the run's folder
+    assert trainer_args(None, work) == {"report_to": "none"}  # no run (a benchmark's own trainer)
 
 
 @pytest.mark.slow

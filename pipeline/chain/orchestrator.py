@@ -19,13 +19,13 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.chain import manifest, outcome, sweep
 from pipeline.chain.basemodel import base_model, check_model_path
 from pipeline.chain.resume import StageDecision, base_fingerprint, decide, eval_fingerprint
-from pipeline.chain.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, run_dir
 from pipeline.config import ConfigError, stage_section
 from pipeline.data import chat
 from pipeline.evaluation import gates, stats
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, temp_name, write_json, write_text
 from pipeline.report import leaderboard, modelcard
+from pipeline.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, eval_dir, run_dir
 from pipeline.train import preempt
 from pipeline.train.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
 
@@ -135,7 +135,7 @@ class Run:
         if record.eval:
             metric = self.cfg[d.name].gate.metric
             previous = next(((c, m[metric]) for c, m in reversed(self.history) if metric in m), None)
-            paired = stats.paired_difference(stats.eval_dir(d.dir.parent / previous[0]), stats.eval_dir(d.dir),
+            paired = stats.paired_difference(eval_dir(d.dir.parent / previous[0]), eval_dir(d.dir),
                                              metric) if previous else None
             verdict = gates.judge(self.cfg[d.name].gate, record.scores(), previous, paired)
             self.history.append((d.dir.name, record.scores()))
@@ -144,7 +144,7 @@ class Run:
         record.write(d.dir, changed)
         with main_writes() as main:
             if main:
-                modelcard.write(self.root, d.dir)
+                modelcard.write(self.cfg, self.root, d.dir)
         self.export()
         return verdict
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain.basemodel import architecture
-from pipeline.chain.runfolder import run_dir, stage_dir
 from pipeline.config import ConfigError, grid
 from pipeline.data.mixtures import load_spec, stage_mixtures
+from pipeline.runfolder import run_dir, stage_dir
 from pipeline.train.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
 
 KNOWN_MODELS = {  # published config.json fields of dense Llama-style models, so that planning needs no Hub

@@ -13,11 +13,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain.basemodel import base_settings
-from pipeline.chain.runfolder import StageRecord, finished, stage_dir
 from pipeline.config import ConfigError, EvalConfig, ModelConfig, fingerprint_view, stage_section
 from pipeline.data import mixtures as data
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import fingerprint
+from pipeline.runfolder import StageRecord, finished, stage_dir
 
 
 @dataclass

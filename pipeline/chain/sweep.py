@@ -20,10 +20,19 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain import merge
-from pipeline.chain.runfolder import StageContext, StageRecord, Trained, candidate_dir, earlier_stage_model, finished
 from pipeline.config import ConfigError, grid
 from pipeline.evaluation import stats
 from pipeline.files import atomic_dir, fingerprint
+from pipeline.runfolder import (
+    StageContext,
+    StageRecord,
+    Trained,
+    candidate_dir,
+    earlier_stage_model,
+    eval_dir,
+    finished,
+    input_stage,
+)
 from pipeline.train.distributed import main_writes
 
 log = logging.getLogger("pipeline")
@@ -121,6 +130,13 @@ def _soup_and_merge(ctx: StageContext, stage_fp: str, ranked: list[StageRecord],
     return extra
 
 
+def versus_input(stage: Path, candidate_eval: Path, metric: str) -> dict | None:
+    """The paired difference of a scored candidate (its eval folder) to the stage's input checkpoint on
+    `metric`; None without a metric, an evaluated input checkpoint or shared problems."""
+    source = input_stage(stage) if metric else None
+    return stats.paired_difference(eval_dir(source), candidate_eval, metric) if source else None
+
+
 def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> Trained:
     """Train every candidate, add soup / merge, select by the gate metric into `ctx.stage_dir/model`."""
     metric = ctx.stage.gate.metric
@@ -133,7 +149,7 @@ def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> T
             with atomic_dir(ctx.stage_dir / "model") as tmp:
                 shutil.copytree(selected.output_model, tmp, dirs_exist_ok=True)
     table = [{"candidate": r.candidate, metric or "metric": _value(r, metric),
-              "vs_input": stats.versus_input(ctx.stage_dir, Path(r.output_model).parent / "eval", metric)}
+              "vs_input": versus_input(ctx.stage_dir, Path(r.output_model).parent / "eval", metric)}
              for r in candidates]
     log.info("selected candidate %s by %s: %s", selected.candidate, metric or "(single candidate)",
              ", ".join(f"{row['candidate']}={row[metric or 'metric']:.4f}" for row in table))

@@ -14,9 +14,6 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.chain.runfolder import candidate_dir
-from pipeline.files import read_json
-
 Z95 = 1.959964  # two-sided 95% normal quantile
 
 
@@ -48,30 +45,6 @@ def paired_difference(a_dir: Path, b_dir: Path, metric: str) -> dict | None:
     else:  # every problem moved by the same amount: no noise left to test against
         p = 1.0 if diff == 0 else 0.0
     return {"diff": diff, "se": se, "ci_low": diff - Z95 * se, "ci_high": diff + Z95 * se, "n": n, "p_value": p}
-
-
-def eval_dir(stage_dir: Path) -> Path:
-    """Where a stage's scored model kept its samples: `eval/`, or, when a sweep's selection was all the scoring
-    (no `eval/` of the stage's own), the selected candidate's `eval/`."""
-    selected = ((read_json(Path(stage_dir) / "stage.json") or {}).get("metrics") or {}).get("selected")
-    own = Path(stage_dir) / "eval"
-    return candidate_dir(stage_dir, selected) / "eval" if selected and not own.is_dir() else own
-
-
-def input_stage(stage_dir: Path) -> Path | None:
-    """The stage folder (in the same run, `00-base` included) whose output model is this stage's input."""
-    stage_dir = Path(stage_dir)
-    wanted = (read_json(stage_dir / "stage.json") or {}).get("input_model")
-    others = [p for p in sorted(stage_dir.parent.glob("*")) if p != stage_dir]
-    return next((p for p in others if wanted and (read_json(p / "stage.json") or {}).get("output_model") == wanted),
-                None)
-
-
-def versus_input(stage_dir: Path, candidate_eval: Path, metric: str) -> dict | None:
-    """The paired difference of a scored candidate (its eval folder) to the stage's input checkpoint on
-    `metric`; None without a metric, an evaluated input checkpoint or shared problems."""
-    source = input_stage(stage_dir) if metric else None
-    return paired_difference(eval_dir(source), candidate_eval, metric) if source else None
 
 
 def describe(p: dict) -> str:

@@ -20,7 +20,7 @@ from matplotlib import cm, colors
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from pipeline.files import read_json
+from pipeline.runfolder import StageRecord
 
 RC = {"svg.hashsalt": "smol-pipeline", "svg.fonttype": "none", "font.size": 9}  # applied per chart, not globally
 VERDICT_COLOURS = {"pass": "#15803d", "warn": "#d97706", "fail": "#dc2626", "": "#2563eb"}
@@ -56,10 +56,6 @@ def metric_per_stage(rows: list[dict], metric: str, label: Callable[[dict], str]
     return to_svg(fig)
 
 
-def _candidates(stage_dir: Path) -> dict[str, dict]:
-    return {c.name: read_json(c / "stage.json") or {} for c in sorted((stage_dir / "candidates").glob("*"))}
-
-
 def _cell_text(value: float | None, paired: dict | None) -> str:
     if value is None:
         return ""
@@ -67,13 +63,13 @@ def _cell_text(value: float | None, paired: dict | None) -> str:
 
 
 @matplotlib.rc_context(RC)
-def sweep_heatmap(stage_dir: Path) -> str:
-    """The sweep of `stage_dir` as a beta x learning-rate heatmap of its selection metric, soup and merge beside."""
-    m = (read_json(Path(stage_dir) / "stage.json") or {}).get("metrics") or {}
+def sweep_heatmap(name: str, record: StageRecord, cands: dict[str, StageRecord]) -> str:
+    """The sweep stage `name` (its record and its candidates' records) as a beta x learning-rate heatmap of its
+    selection metric, soup and merge beside."""
+    m = record.metrics or {}
     metric, selected = m.get("selected_by") or "", m.get("selected")
     table = {c["candidate"]: c for c in m.get("candidates", [])}
-    cands = _candidates(Path(stage_dir))
-    grid = {n: c["config"] for n, c in cands.items() if "beta" in (c.get("config") or {})}
+    grid = {n: c.config for n, c in cands.items() if "beta" in (c.config or {})}
     betas = sorted({c["beta"] for c in grid.values()})
     lrs = sorted({c["learning_rate"] for c in grid.values()})
     extras = [n for n in ("soup", "merge") if n in table]
@@ -83,7 +79,7 @@ def sweep_heatmap(stage_dir: Path) -> str:
     values = [t.get(metric) for t in table.values() if isinstance(t.get(metric), (int, float))]
     norm = colors.Normalize(min(values, default=0), max(values, default=1) or 1)
     cells = {(betas.index(c["beta"]), lrs.index(c["learning_rate"])): n for n, c in grid.items()}
-    soup = {Path(s).parent.name for s in (cands.get("soup", {}).get("config") or {}).get("sources", [])}
+    soup = {Path(s).parent.name for s in ((cands["soup"].config if "soup" in cands else None) or {}).get("sources", [])}
     _draw(axes[0], [[table.get(cells.get((i, j)), {}).get(metric) for j in range(len(lrs))]
                     for i in range(len(betas))], norm,
           lambda i, j: cells.get((i, j)), table, metric, selected, soup)
@@ -96,7 +92,7 @@ def sweep_heatmap(stage_dir: Path) -> str:
         axes[1].set_xticks(range(len(extras)), extras)
         axes[1].set_yticks([])
     fig.colorbar(cm.ScalarMappable(norm=norm, cmap="viridis"), ax=list(axes), shrink=0.8, label=metric)
-    fig.suptitle(f"{Path(stage_dir).name}: {metric} (below: paired difference to the input, 95%); red frame: "
+    fig.suptitle(f"{name}: {metric} (below: paired difference to the input, 95%); red frame: "
                  f"selected {selected}" + ("; \u25c6 in the soup" if soup else ""), fontsize=8, x=0.02, ha="left")
     return to_svg(fig)
 

@@ -1,6 +1,6 @@
 """Leaderboard export: one row per evaluated checkpoint, rebuilt from run folders alone.
 
-    python -m pipeline.leaderboard RUN_DIR [RUN_DIR ...] --out DIR
+    python -m pipeline.report.leaderboard RUN_DIR [RUN_DIR ...] --out DIR
 
 writes `leaderboard.{csv,json,md,html}` to DIR; several runs combine into one table. The
 orchestrator calls the same code after every stage. The HTML is self-contained (inline styles,
@@ -20,18 +20,19 @@ import json
 from pathlib import Path
 
 from pipeline.evaluation import stats
-from pipeline.files import read_json, write_json, write_text
+from pipeline.files import write_json, write_text
 from pipeline.report import charts
+from pipeline.runfolder import StageRecord, candidates, stage_folders
 
 STEP_TIMES = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "eval_s", "save_s")  # telemetry's breakdown
 HYPER = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
          "gradient_accumulation_steps", "beta", "loss_type")
 
 
-def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict | None = None,
+def _row(run: Path, record: StageRecord, checkpoint: str, candidate: str, config: dict | None = None,
          paired: dict | None = None) -> dict:
-    config, metrics, ev = config or record.get("config") or {}, record.get("metrics") or {}, record["eval"]
-    row = {"run": run.name, "checkpoint": checkpoint, "stage": record.get("stage", ""), "candidate": candidate}
+    config, metrics, ev = config or record.config or {}, record.metrics or {}, record.eval
+    row = {"run": run.name, "checkpoint": checkpoint, "stage": record.stage or "", "candidate": candidate}
     row.update({k: config[k] for k in HYPER if k in config})
     if config.get("lora", {}).get("r"):
         row["lora_r"] = config["lora"]["r"]
@@ -41,14 +42,14 @@ def _row(run: Path, record: dict, checkpoint: str, candidate: str, config: dict 
             row[f"{name} stderr"] = ev["stderr"][name]
     row["splits"] = ", ".join(f"{task}: {split}" for task, split in (ev.get("splits") or {}).items())
     row["prompt_format"] = ev.get("prompt_format", "")  # base and stages may be scored on different formats
-    gate = record.get("gate")
+    gate = record.gate
     row["gate"] = f"{gate['verdict']}: {gate['reason']}" if gate else ""
     row["gate_metric"] = gate["metric"] if gate else ""
     if paired:
         row["vs input (paired)"] = stats.describe(paired)
     row.update(tokens=metrics.get("tokens"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
                padding_fraction=metrics.get("padding_fraction"),
-               train_wall_time_s=record.get("wall_time_s"), eval_wall_time_s=ev.get("wall_time_s"))
+               train_wall_time_s=record.wall_time_s, eval_wall_time_s=ev.get("wall_time_s"))
     row.update({key: metrics[key] for key in STEP_TIMES if metrics.get(key) is not None})
     return row
 
@@ -57,17 +58,14 @@ def rows(run_dirs: list[Path]) -> list[dict]:
     """Leaderboard rows of every evaluated checkpoint (stages, then their sweep candidates) of each run."""
     out = []
     for run in map(Path, run_dirs):
-        for stage_dir in sorted((run / "stages").glob("*")):
-            record = read_json(stage_dir / "stage.json")
-            cands = {c.name: read_json(c / "stage.json") for c in sorted((stage_dir / "candidates").glob("*"))}
-            if record and record.get("eval"):
-                selected = (record.get("metrics") or {}).get("selected")  # a sweep: show the winner's settings
-                config = (cands.get(selected) or {}).get("config") if selected else None
+        for stage_dir in stage_folders(run):
+            record, cands = StageRecord.read(stage_dir), candidates(stage_dir)
+            if record.eval:
+                selected = record.selected  # a sweep: show the winner's settings
+                config = cands[selected].config if selected in cands else None
                 out.append(_row(run, record, stage_dir.name, f"selected: {selected}" if selected else "", config))
-            listed = ((record or {}).get("metrics") or {}).get("candidates", [])
-            vs = {c["candidate"]: c.get("vs_input") for c in listed}
-            out += [_row(run, c, stage_dir.name, name, paired=vs.get(name)) for name, c in cands.items()
-                    if c and c.get("eval")]
+            vs = {c["candidate"]: c.get("vs_input") for c in (record.metrics or {}).get("candidates", [])}
+            out += [_row(run, c, stage_dir.name, name, paired=vs.get(name)) for name, c in cands.items() if c.eval]
     return out
 
 
@@ -166,10 +164,10 @@ def _details(table: list[dict]) -> str:
             f"<tbody>{body}</tbody></table></div></details>")
 
 
-def _sweeps(run_dirs: list[Path]) -> list[Path]:
-    """Stage folders of sweep stages (candidates, one of them selected), in run order."""
-    return [d for run in map(Path, run_dirs) for d in sorted((run / "stages").glob("*"))
-            if ((read_json(d / "stage.json") or {}).get("metrics") or {}).get("selected")]
+def _sweeps(run_dirs: list[Path]) -> list[tuple[str, StageRecord, dict[str, StageRecord]]]:
+    """(folder name, record, candidates' records) of every sweep stage (one candidate selected), in run order."""
+    records = [(d, StageRecord.read(d)) for run in map(Path, run_dirs) for d in stage_folders(run)]
+    return [(d.name, r, candidates(d)) for d, r in records if r.selected]
 
 
 def to_html(table: list[dict], run_dirs: list[Path]) -> str:
@@ -178,7 +176,7 @@ def to_html(table: list[dict], run_dirs: list[Path]) -> str:
     metrics, label = metric_names(table), _label(table)
     gated = [m for m in metrics if any(r.get("gate_metric") == m for r in table)] or metrics
     svgs = [charts.metric_per_stage(stages, m, label) for m in gated]
-    svgs += [charts.sweep_heatmap(d) for d in _sweeps(run_dirs)]
+    svgs += [charts.sweep_heatmap(*sweep) for sweep in _sweeps(run_dirs)]
     runs = ", ".join(sorted({r["run"] for r in table}))
     return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>Leaderboard</title><style>{STYLE}</style>'
             f"</head><body><h1>Leaderboard</h1><p>Run {html.escape(runs)}: one row per stage; \u00b1 is lm-eval's "
@@ -200,7 +198,7 @@ def export(run_dirs: list[Path], out: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: rebuild (and combine) leaderboards from run folders."""
-    parser = argparse.ArgumentParser(prog="python -m pipeline.leaderboard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.report.leaderboard", description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (<output_root>/<run_name>)")
     parser.add_argument("--out", type=Path, required=True, help="folder for leaderboard.{csv,json,md,html}")
     args = parser.parse_args(argv)

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from pipeline.chain.runfolder import earlier_stage_model
 from pipeline.config import ConfigError
 from pipeline.evaluation.gsm import extract_answer, is_correct
+from pipeline.runfolder import earlier_stage_model
 from pipeline.train.trainer import with_pad_token
 
 Chat = list[dict]

@@ -18,10 +18,10 @@ from typing import Any
 import datasets
 from trl import DPOConfig, DPOTrainer
 
-from pipeline.chain.runfolder import StageContext
 from pipeline.config import ConfigError
 from pipeline.data.mixtures import load_mixture
 from pipeline.files import atomic_dir, write_json, write_text
+from pipeline.runfolder import StageContext
 from pipeline.train.distributed import main_writes
 from pipeline.train.precision import matmul_precision
 from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
@@ -89,7 +89,7 @@ class SharedRefDPOTrainer(DPOTrainer):
 def trainer(ctx: StageContext, tok: Any, pairs: Any, work: Path) -> DPOTrainer:
     """A DPO trainer of the input model on `pairs` with the stage's settings (a candidate's beta and rate)."""
     stage = ctx.stage
-    args = DPOConfig(**common_args(stage, work, ctx.cfg.seed, ctx.cfg.model.precision), beta=stage.beta,
+    args = DPOConfig(**common_args(stage, work, ctx.cfg.seed, ctx.cfg.model.precision, ctx.cfg), beta=stage.beta,
                      loss_type=list(stage.loss_type), loss_weights=list(stage.loss_weights) or None,
                      padding_free=stage.padding_free, precompute_ref_log_probs=stage.precompute_ref_log_probs)
     return SharedRefDPOTrainer(model=load_model(ctx.input_model, ctx.cfg.model), ref_model=None, args=args,

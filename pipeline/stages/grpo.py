@@ -6,9 +6,9 @@ import logging
 
 from trl import GRPOConfig, GRPOTrainer
 
-from pipeline.chain.runfolder import StageContext
 from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, reward_function
+from pipeline.runfolder import StageContext
 from pipeline.train.distributed import is_main
 from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
 
@@ -27,7 +27,7 @@ def run(ctx: StageContext) -> dict:
         return score(prompts, texts, answer if answer is not None else [""] * len(texts))
 
     reward.__name__ = f"{stage.reward}_reward"
-    base = common_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision)
+    base = common_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision, cfg)
     base.pop("max_length")  # GRPO bounds prompts by the data and completions by max_completion_length
     args = GRPOConfig(**base, num_generations=stage.num_generations,
                       max_completion_length=stage.max_new_tokens, temperature=stage.temperature, beta=stage.beta,

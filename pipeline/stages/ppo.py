@@ -19,11 +19,11 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoModelForSequenceClassification
 
-from pipeline.chain.runfolder import StageContext
 from pipeline.files import write_text
 from pipeline.rl.actor_critic import PPOLoop, ValueModel
 from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, resolve_reward_model, reward_function
+from pipeline.runfolder import StageContext
 from pipeline.train.distributed import main_writes
 from pipeline.train.precision import load_dtype, matmul_precision, mixed_precision
 from pipeline.train.trainer import load_model, load_tokenizer, lora_config, save_checkpoint

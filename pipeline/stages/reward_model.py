@@ -15,10 +15,10 @@ from transformers import AutoModelForSequenceClassification
 from trl import RewardConfig as TrlRewardConfig
 from trl import RewardTrainer
 
-from pipeline.chain.runfolder import StageContext
 from pipeline.config import ConfigError
 from pipeline.data.mixtures import load_mixture
 from pipeline.rl.rewards import RewardModel, as_chat
+from pipeline.runfolder import StageContext
 from pipeline.train.distributed import deepspeed_on, is_main
 from pipeline.train.precision import load_dtype
 from pipeline.train.trainer import common_args, fit, load_tokenizer, lora_config
@@ -60,7 +60,7 @@ def run(ctx: StageContext) -> dict:
     model.config.pad_token_id = tok.pad_token_id
     main = is_main()
     before = pair_accuracy(model, tok, test) if main else None
-    args = TrlRewardConfig(**common_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision),
+    args = TrlRewardConfig(**common_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision, cfg),
                            center_rewards_coefficient=stage.center_rewards_coefficient or None)
     trainer = RewardTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                             peft_config=lora_config(stage))

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
+from omegaconf import DictConfig
 from trl import SFTConfig, SFTTrainer
 
-from pipeline.chain.runfolder import StageContext
 from pipeline.config import ConfigError, cache_dir
 from pipeline.data import chat, packing, tokcache
 from pipeline.data.mixtures import load_mixture
+from pipeline.runfolder import StageContext
 from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
 
 log = logging.getLogger("pipeline")
@@ -54,11 +55,11 @@ def check_lengths(dataset: Any, stage: Any, name: str) -> int:
     return long
 
 
-def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig:
-    """SFTTrainer arguments for an SFT / mid-training stage."""
+def sft_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> SFTConfig:
+    """SFTTrainer arguments for an SFT / mid-training stage (of the run `run`, for its tracking settings)."""
     wrapped = stage.packing and stage.packing_strategy == "wrapped"
     return SFTConfig(
-        **common_args(stage, work_dir, seed, precision),
+        **common_args(stage, work_dir, seed, precision, run),
         packing=stage.packing and not packing.applies(stage),  # ours: rows kept apart (packing.py)
         packing_strategy=stage.packing_strategy,
         padding_free=stage.padding_free and not wrapped,
@@ -69,7 +70,7 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
 
 
 def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int,
-          cache: Path) -> dict:
+          cache: Path, run: DictConfig | None = None) -> dict:
     """SFT / mid-training of `model_path` on `dataset` into `stage_dir/model`; return the metrics.
 
     The rows are tokenised once into `cache` (see `tokcache`). Intermediate checkpoints go to
@@ -81,7 +82,7 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
     packed = packing.applies(stage)
     if packed:
         dataset = packing.pack(dataset, stage.max_length, stage.packing_strategy)
-    args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision)  # first: ZeRO-3 then shards the load
+    args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision, run)  # first: ZeRO-3 then shards the load
     trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=lora_config(stage),
                          data_collator=packing.collator(tok) if packed else None)
@@ -97,4 +98,4 @@ def run(ctx: StageContext) -> dict:
             return chat.render(tok, row["messages"], row.get("chat_template_kwargs"))
     dataset = load_mixture(ctx.stage.mixture, ctx.cfg, render)
     return train(ctx.stage, ctx.cfg.model, ctx.input_model, tok, dataset, ctx.out_dir, ctx.cfg.seed,
-                 cache_dir(ctx.cfg))
+                 cache_dir(ctx.cfg), ctx.cfg)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
@@ -59,8 +60,9 @@ def load_model(path: str | Path, model_cfg: Any):
     return chat.fit_model(model, model_cfg, path)
 
 
-def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
-    """TrainingArguments shared by every TRL trainer we drive (bf16 on capable GPUs, CPU-safe otherwise)."""
+def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> dict:
+    """TrainingArguments shared by every TRL trainer we drive (bf16 on capable GPUs, CPU-safe otherwise); the run
+    `run` (when given) adds its tracking and Hub settings."""
     return dict(
         output_dir=str(work_dir),
         learning_rate=stage.learning_rate,
@@ -84,7 +86,7 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str) -> dict:
         **prec.trainer_flags(precision),
         **prec.memory_args(stage),
         use_cpu=not torch.cuda.is_available(),
-        **tracking.trainer_args(work_dir),  # report_to, run_name, push_to_hub: the run's settings
+        **tracking.trainer_args(run, work_dir),  # report_to, run_name, push_to_hub: the run's settings
         disable_tqdm=not (is_main() and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
         **trainer_state_args(),
     )

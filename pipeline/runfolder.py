@@ -91,6 +91,36 @@ class StageRecord:
         """The evaluation's metrics (empty when not evaluated)."""
         return (self.eval or {}).get("metrics", {})
 
+    @property
+    def selected(self) -> str | None:
+        """The id of the sweep candidate this stage selected (None: not a sweep)."""
+        return (self.metrics or {}).get("selected")
+
+
+def stage_folders(root: Path) -> list[Path]:
+    """Every stage folder of the run `root` in chain order, `00-base` first."""
+    return sorted(p for p in (Path(root) / "stages").glob("*") if p.is_dir())
+
+
+def candidates(stage: Path) -> dict[str, StageRecord]:
+    """`{id: record}` of a sweep stage's candidates, in id order (empty for other stages)."""
+    return {c.name: StageRecord.read(c) for c in sorted((Path(stage) / "candidates").glob("*")) if c.is_dir()}
+
+
+def eval_dir(stage: Path) -> Path:
+    """Where a stage's scored model kept its samples: `eval/`, or, when a sweep's selection was all the scoring
+    (no `eval/` of the stage's own), the selected candidate's `eval/`."""
+    selected, own = StageRecord.read(stage).selected, Path(stage) / "eval"
+    return candidate_dir(stage, selected) / "eval" if selected and not own.is_dir() else own
+
+
+def input_stage(stage: Path) -> Path | None:
+    """The stage folder (in the same run, `00-base` included) whose output model is this stage's input."""
+    stage = Path(stage)
+    wanted = StageRecord.read(stage).input_model
+    others = [p for p in stage_folders(stage.parent.parent) if p != stage]
+    return next((p for p in others if wanted and StageRecord.read(p).output_model == wanted), None)
+
 
 @dataclass
 class Trained:
