@@ -96,6 +96,11 @@ def test_selection_reports_each_candidate_against_the_input_with_its_interval(sw
     card = ModelCard.load(run / "stages/03-dpo/model/README.md")
     assert "## Selection" in card.text and f"| {selected} (selected) |" in card.text
     assert "| 02-midtrain | tiny_midtrain" in card.text and "beta=" in card.text
+    chosen = json.loads((run / "stages/03-dpo/candidates" / selected / "stage.json").read_text())["config"]
+    line = next(x for x in card.text.splitlines() if x.startswith("| 03-dpo |"))
+    assert all(f"{k}={v:.4g}" in line for k, v in chosen.items() if k in ("beta", "learning_rate"))  # what was trained
+    splits = {r.dataset_name: r.dataset_split for r in card.data.eval_results}
+    assert splits == stage["eval"]["splits"] and splits["tiny_gsm_val"] != splits["tiny_gsm"]
     scroll_width, shot, dom = render_in_chromium(run / "leaderboard.html", tmp_path)
     assert scroll_width <= 1280 and ink(shot) > 0.01
     charts = dom[dom.index('id="charts"'):dom.index('id="details"')]
