@@ -125,10 +125,11 @@ def input_stage(stage: Path) -> Path | None:
 @dataclass
 class Trained:
     """What training a stage gives its record: the training metrics and, when the stage already scored its
-    model (a sweep's selection), that evaluation."""
+    model (a sweep's selection), that evaluation and the settings the selected model was trained with."""
 
     metrics: dict
     eval: dict | None = None
+    config: dict | None = None
 
 
 def finished(record: StageRecord, folder: Path, fingerprint: str | None = None) -> bool:

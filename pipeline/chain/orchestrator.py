@@ -291,6 +291,7 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
         return False
     record.status, record.output_model = "trained", str(d.dir / "model")
     record.metrics, record.wall_time_s = result.metrics, round(time.time() - t0, 2)
+    record.config = result.config or record.config  # a sweep: the selected candidate's settings
     if result.eval:  # a sweep already scored the selected model, on every task or on its gate's task only
         complete = set(_tasks(result.eval)) == set(evaluate.settings(run.cfg, d.name)["tasks"])
         record.eval, record.eval_fingerprint = result.eval, d.eval_fingerprint if complete else None

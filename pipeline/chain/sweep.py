@@ -155,4 +155,14 @@ def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> T
              ", ".join(f"{row['candidate']}={row[metric or 'metric']:.4f}" for row in table))
     metrics = {**(selected.metrics or ranked[0].metrics), "selected": selected.candidate,
                "selected_by": metric or None, "tie_rule": TIE_RULE, "candidates": table}
-    return Trained(metrics, selected.eval)
+    return Trained(metrics, selected.eval, _trained_with(ctx, selected))
+
+
+def _trained_with(ctx: StageContext, selected: StageRecord) -> dict:
+    """The settings of the selected model: a grid candidate's own; for a soup or merge the stage's settings
+    without the swept ones (its ingredients had several) plus its sources and weights."""
+    if selected.candidate not in ("soup", "merge"):
+        return selected.config
+    swept = {k for k, v in ctx.stage.sweep.items() if v is not None and k != "candidate"}
+    stage = OmegaConf.to_container(ctx.stage, resolve=True)
+    return {**{k: v for k, v in stage.items() if k not in NOT_TRAINING and k not in swept}, **selected.config}

@@ -1,27 +1,35 @@
 """Hub-style model cards: `<stage>/model/README.md` for every stage's checkpoint (the last is the final model).
 
-Built from the run's config and its stage records: the base model, the chain
-of stages up to this one with their data and key hyperparameters, the eval table with stderr, the
-gate verdicts, and the selection record of sweep stages (each candidate's paired difference to the
-stage's input). The YAML header carries `model-index` metadata (huggingface_hub's ModelCardData).
+Built from the run's config and its stage records: the lineage (the Hub base model, or the input stage's
+Hub repo when the run pushes), the chain of stages up to this one with their data, the settings each
+model was really trained with (a sweep's selected candidate's) and each stage's gain over its input with
+its 95% interval, the eval table with stderr and each task's split, the selection record of sweep stages,
+a usage snippet and the framework versions. The YAML header carries huggingface_hub's ModelCardData:
+`model-index`, `base_model`, `datasets` (the Hub sources of the mixtures), `pipeline_tag`, tags, and
+`license` / `language` taken from the base model's own card when it is at hand (a local folder or the
+Hub cache).
 """
 
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData, try_to_load_from_cache
 from omegaconf import DictConfig
 
 from pipeline import extension
 from pipeline.files import write_text
-from pipeline.runfolder import BASE, StageRecord, candidates, stage_folders
+from pipeline.runfolder import BASE, StageRecord, stage_folders
 
+FRAMEWORKS = ("transformers", "trl", "torch", "datasets", "accelerate", "peft", "lm_eval")
 KEYS = ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
         "beta", "loss_type")
 
 
 def _num(value) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(_num, value))
     return f"{value:.4g}" if isinstance(value, float) else "" if value is None else str(value)
 
 
@@ -34,19 +42,25 @@ def _hyper(config: dict) -> str:
 
 def _data(record: StageRecord) -> str:
     mixture = (record.config or {}).get("mixture")
-    sources = ", ".join(str(d.get("path") or d.get("split") or d.get("name") or "?") for d in record.data or [])
+    sources = ", ".join(str(d.get("hub") or d.get("path") or d.get("split") or "?") for d in record.data or [])
     return f"{_num(mixture) or '-'} ({sources})" if sources else _num(mixture) or "-"
 
 
+def _gain(gate: dict | None) -> str:
+    """The stage's change over its input on the gate metric: `+0.030 [+0.006, +0.054], p=0.012`."""
+    p = (gate or {}).get("paired")
+    return f"{p['diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}], p={p['p_value']:.2g}" if p else ""
+
+
 def _chain(records: list[tuple[str, StageRecord]]) -> list[str]:
-    lines = ["| stage | data mixture (sources) | key hyperparameters | steps | loss first -> last | gate |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| stage | data mixture (sources) | trained with | steps | loss first -> last | gain on the gate metric "
+             "(95% CI, paired) | gate |", "|---|---|---|---|---|---|---|"]
     for name, r in records:
         m, gate = r.metrics or {}, r.gate
         loss = f"{_num(m.get('loss_first'))} -> {_num(m.get('loss_last'))}" if m.get("loss_first") else ""
         verdict = f"{gate['verdict']}: {gate['reason']}" if gate else ""
         lines.append(f"| {name} | {_data(r)} | {_hyper(r.config or {})} | {_num(m.get('steps'))} | {loss} | "
-                     f"{verdict.replace('|', '/')} |")
+                     f"{_gain(gate)} | {verdict.replace('|', '/')} |")
     return lines
 
 
@@ -78,16 +92,50 @@ def _selection(name: str, record: StageRecord) -> list[str]:
 
 
 def _records(run_dir: Path, stage_dir: Path) -> list[tuple[str, StageRecord]]:
-    """(folder name, record) of the base and every stage up to `stage_dir`; a sweep stage's record carries its
-    selected candidate's training config (the settings the selected model was trained with)."""
+    """(folder name, record) of the base and every stage up to `stage_dir`."""
+    return [(p.name, StageRecord.read(p)) for p in stage_folders(run_dir) if p.name <= Path(stage_dir).name]
+
+
+def _is_hub_id(name: str) -> bool:
+    return not Path(name).exists() and name.count("/") == 1
+
+
+def _base_card(base: str) -> ModelCardData | None:
+    """The base model's own card data, when its README is at hand (a local folder or the Hub cache)."""
+    local = Path(base) / "README.md"
+    cached = try_to_load_from_cache(base, "README.md") if _is_hub_id(base) else None
+    path = local if local.is_file() else Path(cached) if isinstance(cached, str) else None
+    return ModelCard.load(path).data if path else None
+
+
+def _repo(cfg: DictConfig, stage: str) -> str | None:
+    """The Hub repo a stage's checkpoint is pushed to (`tracking`'s naming), or None when the run does not push."""
+    return f"{cfg.hub_model_id}-{stage}" if cfg.push_to_hub and cfg.hub_model_id else None
+
+
+def _lineage(cfg: DictConfig, trained: list[tuple[str, StageRecord]], built: bool) -> str | None:
+    """`base_model`: the input stage's Hub repo when the run pushes, else the Hub base model (None: not on the Hub)."""
+    if len(trained) > 1 and _repo(cfg, trained[-2][0]):
+        return _repo(cfg, trained[-2][0])
+    base = cfg.model.name_or_path
+    return base if not built and _is_hub_id(base) else None
+
+
+def _versions() -> list[str]:
     out = []
-    for folder in (p for p in stage_folders(run_dir) if p.name <= Path(stage_dir).name):
-        record = StageRecord.read(folder)
-        chosen = candidates(folder).get(record.selected) if record.selected else None
-        if chosen is not None and chosen.config is not None:
-            record.config = chosen.config
-        out.append((folder.name, record))
+    for name in FRAMEWORKS:
+        try:
+            out.append(f"- {name}: {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
     return out
+
+
+def _usage(model: str) -> list[str]:
+    return ["```python", "from transformers import pipeline", "",
+            f'chat = pipeline("text-generation", model="{model}")',
+            'messages = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many does he have?"}]',
+            'print(chat(messages, max_new_tokens=256)[0]["generated_text"][-1]["content"])', "```"]
 
 
 def card(cfg: DictConfig, run_dir: Path, stage_dir: Path) -> ModelCard:
@@ -104,21 +152,27 @@ def card(cfg: DictConfig, run_dir: Path, stage_dir: Path) -> ModelCard:
         results.append(EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task,
                                   dataset_split=splits.get(task, "test"), metric_type=metric.split(",")[0],
                                   metric_name=metric, metric_value=value))
-    data = ModelCardData(model_name=f"{cfg.run_name}/{Path(stage_dir).name}", library_name="transformers",
-                         base_model=None if built or Path(base).exists() else base,
-                         tags=["smol-pipeline", *(r.stage or "" for _, r in trained)],
+    hub_data = sorted({d["hub"] for _, r in trained for d in r.data or [] if d.get("hub")})
+    known = _base_card(base) if not built else None
+    name = Path(stage_dir).name
+    data = ModelCardData(model_name=f"{cfg.run_name}/{name}", library_name="transformers",
+                         pipeline_tag="text-generation", base_model=_lineage(cfg, trained, built),
+                         datasets=hub_data or None, license=getattr(known, "license", None),
+                         language=getattr(known, "language", None),
+                         tags=["smol-pipeline", "trl", *dict.fromkeys(r.stage or "" for _, r in trained)],
                          eval_results=results or None)
-    body = [f"# {cfg.run_name} / {Path(stage_dir).name}", "",
+    model = _repo(cfg, name) or str(Path(stage_dir).resolve() / "model")
+    body = [f"# {cfg.run_name} / {name}", "",
             f"Trained by smol-pipeline (recipe `{cfg.recipe}`, seed {cfg.seed}) from base model `{base}`"
             + (f" (built by the recipe's extension `{cfg.extension}`)" if built else "") + ".", "",
+            "## Usage", "", *_usage(model), "",
             "## Stages", "", *_chain(trained), "",
             "## Evaluation (+- is lm-eval's stderr; each task's split is in the metadata)", "", *_evals(records), ""]
     selections = [line for n, r in trained for line in _selection(n, r)]
     if selections:
         body += ["## Selection", "", *selections]
+    body += ["## Framework versions", "", *_versions(), ""]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body))
-
-
 def write(cfg: DictConfig, run_dir: Path, stage_dir: Path) -> Path | None:
     """Write `stage_dir/model/README.md` for the run `cfg` in `run_dir`; None when the stage has no checkpoint
     folder."""
