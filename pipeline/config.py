@@ -93,6 +93,9 @@ class GateConfig:
     metric: str = arg("<task>/<metric>,<filter>, e.g. gsm8k_local_val/exact_match,strict-match; empty: no gate", "")
     min: float | None = arg("absolute floor", None)
     max_drop: float | None = arg("allowed drop vs the previous evaluated checkpoint", None)
+    test: str = arg("how the change vs the previous checkpoint is judged: no_significant_drop (fails on a drop "
+                    "significantly beyond max_drop) | non_inferior (passes only when the drop is shown within "
+                    "max_drop) | superior (passes only on a significant gain)", "no_significant_drop", added=True)
     action: str = arg("stop | warn", "stop")
 
 
@@ -326,6 +329,7 @@ CHOICES = {
     "matmul_precision": ("highest", "high", "medium"),
     "load_dtype": ("auto", "fp32", "bf16"),
     "action": ("stop", "warn"),
+    "test": ("no_significant_drop", "non_inferior", "superior"),
     "reward": ("verifiable", "model"),
     "kl_estimator": ("k1", "k3"),
     "value_init": ("policy", "reward_model"),
@@ -448,6 +452,10 @@ def validate(cfg: DictConfig) -> None:
             value = OmegaConf.select(cfg, section).get(key)  # absent keys (not in this schema) give None
             if value is not None and value not in allowed:
                 raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")
+    for name in STAGE_KINDS:
+        gate = cfg[name].gate
+        if gate.metric and gate.test == "non_inferior" and gate.max_drop is None:
+            raise ConfigError(f"'{name}.gate.test' is {gate.test}: set '{name}.gate.max_drop' (the allowed drop)")
     for name in cfg.stages:
         stage = cfg[name]
         if not stage.enabled:

@@ -24,6 +24,9 @@ CASES = [
     (["sft.matmul_precision=bf16"], "'sft.matmul_precision' is 'bf16'", "highest, high, medium"),
     (["tiny.matmul_precision=low"], "'tiny.matmul_precision' is 'low'", "medium"),
     (["sft.max_length=0"], "'sft.max_length' must be > 0", ""),
+    (["sft.gate.test=better"], "'sft.gate.test' is 'better'", "no_significant_drop, non_inferior, superior"),
+    (["sft.gate.test=non_inferior", "sft.gate.max_drop=null"], "'sft.gate.test' is non_inferior",
+     "set 'sft.gate.max_drop'"),
     (["oops"], "not key=value", ""),
 ]
 

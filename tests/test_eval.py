@@ -68,8 +68,8 @@ def test_every_checkpoint_is_scored_and_gated(gated_run):
     se = statistics.stdev(d) / math.sqrt(50)
     assert mid["paired"]["n"] == 50 and mid["paired"]["diff"] == pytest.approx(statistics.mean(d))
     assert mid["paired"]["se"] == pytest.approx(se)
-    change = "dropped" if statistics.mean(d) <= 0 else "rose"
-    assert f"{change} {abs(statistics.mean(d)):.3f} +- {se:.3f} (paired SE, n=50) from" in mid["reason"]
+    assert f"(01-sft) -> {mid['value']:.3f}: {statistics.mean(d):+.3f}, 95% CI [" in mid["reason"]
+    assert "n=50 (paired): no significant drop beyond max_drop" in mid["reason"]
     assert (gated_run / "eval_tasks" / "tiny_gsm.yaml").is_file()
 
 

@@ -1,4 +1,5 @@
-"""Gate verdicts: floors, allowed drops judged with their paired error, stop vs warn."""
+"""Gate verdicts: floors, the three tests of a change (no significant drop, non-inferior, superior) judged with
+their paired error on constructed per-problem samples, stop vs warn."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ M = "tiny_gsm/exact_match,strict-match"
 
 
 def _gate(**kw):
-    return SimpleNamespace(**{"metric": M, "min": None, "max_drop": None, "action": "stop", **kw})
+    return SimpleNamespace(**{"metric": M, "min": None, "max_drop": None, "test": "no_significant_drop",
+                              "action": "stop", **kw})
 
 
 def test_no_gate_no_verdict():
@@ -29,7 +31,7 @@ def test_min_and_max_drop():
     low = judge(_gate(min=0.3), {M: 0.2}, None)
     assert low["verdict"] == "fail" and "< min 0.3000" in low["reason"]
     drop = judge(_gate(max_drop=0.05), {M: 0.2}, ("01-sft", 0.3))
-    assert drop["verdict"] == "fail" and "dropped 0.1000" in drop["reason"] and "01-sft" in drop["reason"]
+    assert drop["verdict"] == "fail" and "0.300 (01-sft) -> 0.200: -0.100 (no paired samples" in drop["reason"]
     assert judge(_gate(max_drop=0.05), {M: 0.27}, ("01-sft", 0.3))["passed"]
     assert judge(_gate(max_drop=0.0), {M: 0.5}, None)["passed"]  # no baseline: nothing to drop from
 
@@ -64,17 +66,61 @@ def test_paired_difference_counts_only_the_problems_that_changed(tmp_path):
     assert paired_difference(tmp_path / "a", tmp_path / "missing", M) is None
 
 
-def test_max_drop_fails_only_beyond_its_error(tmp_path):
+def _changes(tmp_path: Path) -> tuple[Path, dict]:
+    """Paired differences from one checkpoint (52 of 100 right) to constructed others, by name."""
     before = [1.0] * 52 + [0.0] * 48
-    lost12 = [1.0] * 40 + [0.0] * 12 + [0.0] * 48  # drop 0.12, SE 0.033: lower bound 0.066
-    lost3 = [1.0] * 49 + [0.0] * 3 + [0.0] * 48  # drop 0.03, SE 0.017: lower bound 0.002
+    after = {
+        "lost12": [1.0] * 40 + [0.0] * 12 + [0.0] * 48,  # -0.12, SE 0.033: upper bound -0.066
+        "lost3": [1.0] * 49 + [0.0] * 3 + [0.0] * 48,  # -0.03, SE 0.017: bounds -0.058 .. -0.002
+        "gained10": [1.0] * 52 + [1.0] * 10 + [0.0] * 38,  # +0.10, SE 0.030: lower bound +0.050
+        "gained2": [1.0] * 52 + [1.0] * 2 + [0.0] * 46,  # +0.02, SE 0.014: lower bound -0.003
+    }
     a = _samples(tmp_path / "a", before)
-    big = paired_difference(a, _samples(tmp_path / "b", lost12), M)
-    small = paired_difference(a, _samples(tmp_path / "c", lost3), M)
-    fail = judge(_gate(max_drop=0.05), {M: 0.40}, ("01-sft", 0.52), big)
-    assert fail["verdict"] == "fail" and fail["paired"] == big
-    assert "dropped 0.120 +- 0.033 (paired SE, n=100)" in fail["reason"] and "z=3.67" in fail["reason"]
-    assert "> max_drop 0.050" in fail["reason"]
-    noisy = judge(_gate(max_drop=0.02), {M: 0.49}, ("01-sft", 0.52), small)
-    assert noisy["passed"] and "(within noise)" in noisy["reason"] and "<= max_drop 0.020" in noisy["reason"]
+    return a, {k: paired_difference(a, _samples(tmp_path / k, v), M) for k, v in after.items()}
+
+
+def _verdict(test: str, paired: dict, max_drop: float | None = None) -> dict:
+    return judge(_gate(test=test, max_drop=max_drop), {M: 0.52 + paired["diff"]}, ("01-sft", 0.52), paired)
+
+
+def test_no_significant_drop_fails_only_beyond_its_error(tmp_path):
+    _, p = _changes(tmp_path)
+    fail = _verdict("no_significant_drop", p["lost12"], 0.05)
+    assert fail["verdict"] == "fail" and fail["paired"] == p["lost12"] and fail["test"] == "no_significant_drop"
+    lo, hi = p["lost12"]["ci_low"], p["lost12"]["ci_high"]
+    assert (f"0.520 (01-sft) -> 0.400: -0.120, 95% CI [{lo:+.3f}, {hi:+.3f}], p={p['lost12']['p_value']:.2g}, "
+            f"n=100 (paired): a significant drop beyond max_drop 0.050 (one-sided 95% upper bound -0.066 < -0.050)"
+            ) == fail["reason"]
+    noisy = _verdict("no_significant_drop", p["lost3"], 0.02)  # a 0.03 drop that noise explains passes
+    assert noisy["passed"] and "-0.030" in noisy["reason"] and "no significant drop beyond max_drop 0.020" in \
+        noisy["reason"]
     assert not judge(_gate(max_drop=0.0), {M: 0.49}, ("01-sft", 0.52), None)["passed"]  # no samples: point rule
+
+
+def test_non_inferior_passes_only_when_the_drop_is_shown_within_max_drop(tmp_path):
+    _, p = _changes(tmp_path)
+    small = _verdict("non_inferior", p["lost3"], 0.02)  # the same 0.03 drop: not shown to be within 0.02
+    assert not small["passed"] and "not shown within max_drop 0.020 (one-sided 95% lower bound -0.058" in \
+        small["reason"]
+    assert _verdict("non_inferior", p["lost3"], 0.10)["passed"]  # within 0.10 it is shown
+    gained = _verdict("non_inferior", p["gained2"], 0.02)
+    assert gained["passed"] and "+0.020" in gained["reason"] and "shown not worse than max_drop 0.020" in \
+        gained["reason"]
+
+
+def test_superior_passes_only_on_a_significant_gain(tmp_path):
+    _, p = _changes(tmp_path)
+    win = _verdict("superior", p["gained10"])  # no max_drop needed
+    assert win["passed"] and "+0.100" in win["reason"] and "a significant gain (one-sided 95% lower bound +0.050" \
+        in win["reason"]
+    small = _verdict("superior", p["gained2"])
+    assert not small["passed"] and "no significant gain (one-sided 95% lower bound -0.003 <= 0)" in small["reason"]
+    assert not _verdict("superior", p["lost3"])["passed"]
+
+
+def test_p_below_double_precision_is_a_bound_not_zero(tmp_path):
+    a = _samples(tmp_path / "x", [0.0] * 1000 + [1.0] * 1000)
+    b = _samples(tmp_path / "y", [1.0] * 999 + [0.0] + [1.0] * 1000)  # 999 of 1000 gained, z about 31
+    paired = paired_difference(a, b, M)
+    verdict = judge(_gate(test="superior"), {M: 0.9995}, ("01-sft", 0.5), paired)
+    assert paired["p_value"] < 1e-15 and "p<1e-15" in verdict["reason"] and "p=0" not in verdict["reason"]

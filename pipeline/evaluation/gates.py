@@ -1,17 +1,23 @@
 """Evaluation gates: after a stage is scored, decide whether the chain goes on.
 
-`gate: {metric, min, max_drop, action}` judges a stage's eval against the previous evaluated
+`gate: {metric, min, max_drop, test, action}` judges a stage's eval against the previous evaluated
 checkpoint that has the metric (the base model for the first stage). A failure with `action: stop`
 halts the chain (exit code 3); with `warn` it is logged and marked in the leaderboard.
 
 - `min`: fails when the metric is below it (the value as measured).
-- `max_drop`, judged with its error: the drop is measured problem by problem against the previous
-  checkpoint (`stats.paired_difference` on lm-eval's per-problem samples), drop = -diff with its
-  paired standard error SE. The gate fails only when the drop exceeds `max_drop` by more than
-  z * SE, z = 1.645: the one-sided 95% lower bound of the drop is above `max_drop`, so a drop that
-  noise can explain passes and the verdict says so. Without shared per-problem samples (other
-  problems, or none kept) the point difference is compared with `max_drop` and the verdict says
-  that no error was known.
+- `test`: how the change against the previous checkpoint is judged. The change is measured problem by
+  problem (`stats.paired_difference` on lm-eval's per-problem samples): change = this - previous, with its
+  paired standard error SE and one-sided 95% bounds change -+ 1.645 SE.
+  - `no_significant_drop` (needs `max_drop`): fails only when the change is significantly below
+    -max_drop (its upper bound is under -max_drop): a drop that noise can explain passes.
+  - `non_inferior` (needs `max_drop`): passes only when the change is significantly above -max_drop (its
+    lower bound is over -max_drop): "no regression" has to be shown, not merely not disproved.
+  - `superior`: passes only on a significant gain (the lower bound of the change is over 0).
+  Without shared per-problem samples (other problems, or none kept) the point change is compared with the
+  same threshold and the verdict says that no error was known.
+
+Each verdict's reason is one sentence: the change with its 95% interval, p and n, then what the test
+concluded; the signs are those of the change (negative: this checkpoint scores lower).
 """
 
 from __future__ import annotations
@@ -20,23 +26,47 @@ from typing import Any
 
 EXIT_GATE_STOP = 3
 Z_ONE_SIDED = 1.645  # one-sided 95%
+NEEDS_MAX_DROP = ("no_significant_drop", "non_inferior")  # the tests that compare only with a max_drop set
 
 
-def _drop_reason(value: float, previous: tuple[str, float], max_drop: float, paired: dict | None) -> tuple[bool, str]:
-    """(failed, explanation) of the max_drop rule."""
+def _p(value: float) -> str:
+    """A p-value as text; below double precision's resolution as a bound, not as 0."""
+    return f"p={value:.2g}" if value >= 1e-15 else "p<1e-15"
+
+
+def _change(value: float, previous: tuple[str, float], paired: dict | None) -> str:
+    """`0.700 (01-sft) -> 0.640: -0.060, 95% CI [-0.101, -0.019], p=0.0042, n=100 (paired)`."""
     name, before = previous
+    text = f"{before:.3f} ({name}) -> {value:.3f}"
     if paired is None:
-        drop = before - value
-        text = f"dropped {drop:.4f} from {before:.4f} ({name}; no paired samples, no error known)"
-        return drop > max_drop, f"{text} {'>' if drop > max_drop else '<='} max_drop {max_drop:.4f}"
-    drop, se = -paired["diff"], paired["se"]
-    z = drop / se if se > 0 else float("inf") if drop > 0 else 0.0
-    low = drop - Z_ONE_SIDED * se
-    text = (f"{'dropped' if drop >= 0 else 'rose'} {abs(drop):.3f} +- {se:.3f} (paired SE, n={paired['n']}) from "
-            f"{before:.4f} ({name}), z={z:.2f}; 95% lower bound of the drop {low:.3f}")
-    if low > max_drop:
-        return True, f"{text} > max_drop {max_drop:.3f}"
-    return False, f"{text} <= max_drop {max_drop:.3f}" + (" (within noise)" if drop > max_drop else "")
+        return f"{text}: {value - before:+.3f} (no paired samples, no error known)"
+    return (f"{text}: {paired['diff']:+.3f}, 95% CI [{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}], "
+            f"{_p(paired['p_value'])}, n={paired['n']} (paired)")
+
+
+def _test(test: str, value: float, previous: tuple[str, float], max_drop: float | None,
+          paired: dict | None) -> tuple[bool, str]:
+    """(failed, one-sentence reason) of the gate's `test` on the change from `previous` to `value`."""
+    diff = paired["diff"] if paired else value - previous[1]
+    se = paired["se"] if paired else 0.0
+    low, high = diff - Z_ONE_SIDED * se, diff + Z_ONE_SIDED * se
+    bound = "point change" if paired is None else "one-sided 95% {} bound"
+    if test == "no_significant_drop":
+        failed = high < -max_drop
+        why = (f"{bound.format('upper')} {high:+.3f} < -{max_drop:.3f}" if failed else
+               f"{bound.format('upper')} {high:+.3f} >= -{max_drop:.3f}")
+        verdict = (f"a significant drop beyond max_drop {max_drop:.3f}" if failed else
+                   f"no significant drop beyond max_drop {max_drop:.3f}")
+    elif test == "non_inferior":
+        failed = low <= -max_drop
+        why = f"{bound.format('lower')} {low:+.3f} {'<=' if failed else '>'} -{max_drop:.3f}"
+        verdict = (f"not shown within max_drop {max_drop:.3f}" if failed else
+                   f"shown not worse than max_drop {max_drop:.3f}")
+    else:  # superior
+        failed = low <= 0
+        why = f"{bound.format('lower')} {low:+.3f} {'<=' if failed else '>'} 0"
+        verdict = "no significant gain" if failed else "a significant gain"
+    return failed, f"{_change(value, previous, paired)}: {verdict} ({why})"
 
 
 def judge(gate: Any, metrics: dict, previous: tuple[str, float] | None, paired: dict | None = None) -> dict | None:
@@ -48,15 +78,17 @@ def judge(gate: Any, metrics: dict, previous: tuple[str, float] | None, paired: 
     if not gate.metric:
         return None
     value = metrics[gate.metric]
+    test = gate.test
     reasons, notes = [], []
     if gate.min is not None and value < gate.min:
         reasons.append(f"{value:.4f} < min {gate.min:.4f}")
-    if gate.max_drop is not None and previous is not None:
-        failed, text = _drop_reason(value, previous, gate.max_drop, paired)
+    compares = gate.max_drop is not None or test not in NEEDS_MAX_DROP
+    if compares and previous is not None:
+        failed, text = _test(test, value, previous, gate.max_drop, paired)
         (reasons if failed else notes).append(text)
     passed = not reasons
     return {
-        "metric": gate.metric, "value": value, "min": gate.min, "max_drop": gate.max_drop,
+        "metric": gate.metric, "value": value, "min": gate.min, "max_drop": gate.max_drop, "test": test,
         "previous": {"checkpoint": previous[0], "value": previous[1]} if previous else None,
         "paired": paired, "action": gate.action, "passed": passed,
         "verdict": "pass" if passed else ("fail" if gate.action == "stop" else "warn"),
