@@ -20,7 +20,7 @@ from pipeline.chain.runfolder import StageContext
 from pipeline.config import ConfigError, cache_dir
 from pipeline.data import chat, packing, tokcache
 from pipeline.data.mixtures import load_mixture
-from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
+from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
 
@@ -55,9 +55,9 @@ def check_lengths(dataset: Any, stage: Any, name: str) -> int:
 
 
 def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig:
-    """SFTTrainer arguments for an SFT / mid-training stage."""
+    """SFTTrainer arguments for an SFT / mid-training stage (its `trainer` mapping over them)."""
     wrapped = stage.packing and stage.packing_strategy == "wrapped"
-    return SFTConfig(
+    return trl_config(SFTConfig, stage, dict(
         **common_args(stage, work_dir, seed, precision),
         packing=stage.packing and not packing.applies(stage),  # ours: rows kept apart (packing.py)
         packing_strategy=stage.packing_strategy,
@@ -65,7 +65,7 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str) -> SFTConfig
         train_sampling_strategy=stage.sampling,
         assistant_only_loss=False,  # rows come tokenised; their `assistant_masks` column masks the loss
         include_num_input_tokens_seen="non_padding",
-    )
+    ))
 
 
 def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int,
