@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,10 @@ class OptimConfig:
     use_liger_kernel: bool = arg("Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy): "
                                  "less memory at long context; CUDA and the liger-kernel package only", False,
                                  added=True)
+    trainer: dict[str, Any] = arg("fields of the TRL config class this stage builds (sft, midtrain: SFTConfig; dpo: "
+                                  "DPOConfig; reward: RewardConfig; grpo: GRPOConfig), passed straight to it over what "
+                                  "the pipeline computes, e.g. sft.trainer.neftune_noise_alpha=5; fields this config "
+                                  "sets are refused; not for ppo (its own loop)", factory=dict, added=True)
 
 
 @dataclass
@@ -357,12 +361,17 @@ def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """"; did you mean 'X'?" for the choice closest to a mistyped `word`; empty when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 def _suggest(cfg: DictConfig, full_key: str) -> str:
     parent_key, _, leaf = full_key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
     keys = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
-    close = difflib.get_close_matches(leaf, keys, n=1)
-    return f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(keys)}"
+    return did_you_mean(leaf, keys) or f"; valid keys: {', '.join(keys)}"
 
 
 def explain_error(cfg: DictConfig, err: OmegaConfBaseException, where: str) -> ConfigError:
@@ -401,6 +410,9 @@ def schema(extension: str = "") -> DictConfig:
         with open_dict(cfg):
             cfg[module.SECTION] = OmegaConf.structured(module.Settings)
     OmegaConf.set_struct(cfg, True)
+    for section in cfg.values():  # a stage's `trainer` mapping takes any key; stages/trl_args.py checks them
+        if isinstance(section, DictConfig) and "trainer" in section:
+            OmegaConf.set_struct(section.trainer, False)
     return cfg
 
 
@@ -441,9 +453,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("'stages' is empty: list at least one of " + ", ".join(STAGE_KINDS))
     for name in list(cfg.stages) + list(cfg.redo):
         if name not in STAGE_KINDS:
-            close = difflib.get_close_matches(name, STAGE_KINDS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown stage '{name}'{hint} (available: {', '.join(STAGE_KINDS)})")
+            raise ConfigError(f"unknown stage '{name}'{did_you_mean(name, STAGE_KINDS)} (available: "
+                              f"{', '.join(STAGE_KINDS)})")
     if len(set(cfg.stages)) != len(cfg.stages):
         raise ConfigError(f"'stages' lists a stage twice: {list(cfg.stages)}")
     for key, allowed in CHOICES.items():

@@ -167,10 +167,13 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     """Run the configured chain; return the exit code (0: every stage passed, 3: a gate stopped it)."""
     from accelerate.utils import broadcast_object_list
 
+    from pipeline.stages import trl_args
+
     _refuse_ppo_under_deepspeed(cfg)
     share_cpu_threads()
     state = process_state(cfg.collective_timeout_s)
     check_model_path(cfg)
+    trl_args.check(cfg)  # each stage's `trainer` mapping against the TRL config it builds
     root, candidate = run_dir(cfg), cfg.dpo.sweep.candidate
     # a single sweep candidate (a Slurm array task): array tasks share the run folder, one lock each
     lock = RunLock(root) if candidate is None else RunLock(root, f".lock-dpo-candidate-{candidate}")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+from omegaconf import DictConfig
 from trl import DPOConfig, DPOTrainer
 
 from pipeline.config import ConfigError
@@ -24,7 +25,7 @@ from pipeline.files import atomic_dir, write_json, write_text
 from pipeline.runfolder import StageContext
 from pipeline.train.distributed import main_writes
 from pipeline.train.precision import matmul_precision
-from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
+from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
 
@@ -86,14 +87,19 @@ class SharedRefDPOTrainer(DPOTrainer):
         return super()._precompute_ref_logps(dataset, name, batch_size)
 
 
+def dpo_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> DPOConfig:
+    """DPOTrainer arguments for the stage's settings (a candidate's beta and rate), its `trainer` mapping over them."""
+    return trl_config(DPOConfig, stage, dict(
+        **common_args(stage, work_dir, seed, precision, run), beta=stage.beta, loss_type=list(stage.loss_type),
+        loss_weights=list(stage.loss_weights) or None, padding_free=stage.padding_free,
+        precompute_ref_log_probs=stage.precompute_ref_log_probs))
+
+
 def trainer(ctx: StageContext, tok: Any, pairs: Any, work: Path) -> DPOTrainer:
     """A DPO trainer of the input model on `pairs` with the stage's settings (a candidate's beta and rate)."""
-    stage = ctx.stage
-    args = DPOConfig(**common_args(stage, work, ctx.cfg.seed, ctx.cfg.model.precision, ctx.cfg), beta=stage.beta,
-                     loss_type=list(stage.loss_type), loss_weights=list(stage.loss_weights) or None,
-                     padding_free=stage.padding_free, precompute_ref_log_probs=stage.precompute_ref_log_probs)
+    args = dpo_args(ctx.stage, work, ctx.cfg.seed, ctx.cfg.model.precision, ctx.cfg)
     return SharedRefDPOTrainer(model=load_model(ctx.input_model, ctx.cfg.model), ref_model=None, args=args,
-                               train_dataset=pairs, processing_class=tok, peft_config=lora_config(stage))
+                               train_dataset=pairs, processing_class=tok, peft_config=lora_config(ctx.stage))
 
 
 def with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Any
 
+from omegaconf import DictConfig
 from trl import GRPOConfig, GRPOTrainer
 
 from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, reward_function
 from pipeline.runfolder import StageContext
 from pipeline.train.distributed import is_main
-from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
+from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
+
+
+def grpo_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> GRPOConfig:
+    """GRPOTrainer arguments for the stage's settings, its `trainer` mapping over them."""
+    base = common_args(stage, work_dir, seed, precision, run)
+    base.pop("max_length")  # GRPO bounds prompts by the data and completions by max_completion_length
+    return trl_config(GRPOConfig, stage, dict(
+        **base, num_generations=stage.num_generations, max_completion_length=stage.max_new_tokens,
+        temperature=stage.temperature, beta=stage.beta, include_num_input_tokens_seen="non_padding"))
 
 
 def run(ctx: StageContext) -> dict:
@@ -27,11 +39,7 @@ def run(ctx: StageContext) -> dict:
         return score(prompts, texts, answer if answer is not None else [""] * len(texts))
 
     reward.__name__ = f"{stage.reward}_reward"
-    base = common_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision, cfg)
-    base.pop("max_length")  # GRPO bounds prompts by the data and completions by max_completion_length
-    args = GRPOConfig(**base, num_generations=stage.num_generations,
-                      max_completion_length=stage.max_new_tokens, temperature=stage.temperature, beta=stage.beta,
-                      include_num_input_tokens_seen="non_padding")
+    args = grpo_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision, cfg)
     model = load_model(ctx.input_model, cfg.model)
     model.generation_config.pad_token_id = tok.pad_token_id
     main, heldout = is_main(), heldout_rows(cfg)

@@ -9,8 +9,11 @@ with its tokenizer, which PPO / GRPO load (`pipeline.rl.rewards`) through `rewar
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from transformers import AutoModelForSequenceClassification
 from trl import RewardConfig as TrlRewardConfig
 from trl import RewardTrainer
@@ -21,7 +24,7 @@ from pipeline.rl.rewards import RewardModel, as_chat
 from pipeline.runfolder import StageContext
 from pipeline.train.distributed import deepspeed_on, is_main
 from pipeline.train.precision import load_dtype
-from pipeline.train.trainer import common_args, fit, load_tokenizer, lora_config
+from pipeline.train.trainer import common_args, fit, load_tokenizer, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
 
@@ -45,7 +48,15 @@ def pair_accuracy(model, tok, pairs, batch_size: int = 32) -> float:
     return sum(g > b for g, b in zip(good, bad, strict=True)) / max(1, len(pairs))
 
 
+def reward_args(stage: Any, work_dir: Path, seed: int, precision: str,
+                run: DictConfig | None = None) -> TrlRewardConfig:
+    """RewardTrainer arguments for the stage's settings, its `trainer` mapping over them."""
+    return trl_config(TrlRewardConfig, stage, dict(**common_args(stage, work_dir, seed, precision, run),
+                                                   center_rewards_coefficient=stage.center_rewards_coefficient or None))
+
+
 def run(ctx: StageContext) -> dict:
+    """Train the input checkpoint as a reward model into `ctx.out_dir/model`; return its held-out pair accuracy."""
     stage, cfg = ctx.stage, ctx.cfg
     tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
     data = load_mixture(stage.mixture, cfg)
@@ -60,8 +71,7 @@ def run(ctx: StageContext) -> dict:
     model.config.pad_token_id = tok.pad_token_id
     main = is_main()
     before = pair_accuracy(model, tok, test) if main else None
-    args = TrlRewardConfig(**common_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision, cfg),
-                           center_rewards_coefficient=stage.center_rewards_coefficient or None)
+    args = reward_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision, cfg)
     trainer = RewardTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                             peft_config=lora_config(stage))
     metrics = fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit, stage.matmul_precision)

@@ -21,7 +21,7 @@ from pipeline.config import ConfigError, cache_dir
 from pipeline.data import chat, packing, tokcache
 from pipeline.data.mixtures import load_mixture
 from pipeline.runfolder import StageContext
-from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
+from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
 
@@ -56,9 +56,10 @@ def check_lengths(dataset: Any, stage: Any, name: str) -> int:
 
 
 def sft_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> SFTConfig:
-    """SFTTrainer arguments for an SFT / mid-training stage (of the run `run`, for its tracking settings)."""
+    """SFTTrainer arguments for an SFT / mid-training stage (its `trainer` mapping over them; the run `run`, when
+    given, for its tracking settings)."""
     wrapped = stage.packing and stage.packing_strategy == "wrapped"
-    return SFTConfig(
+    return trl_config(SFTConfig, stage, dict(
         **common_args(stage, work_dir, seed, precision, run),
         packing=stage.packing and not packing.applies(stage),  # ours: rows kept apart (packing.py)
         packing_strategy=stage.packing_strategy,
@@ -66,7 +67,7 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictCon
         train_sampling_strategy=stage.sampling,
         assistant_only_loss=False,  # rows come tokenised; their `assistant_masks` column masks the loss
         include_num_input_tokens_seen="non_padding",
-    )
+    ))
 
 
 def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
@@ -90,6 +90,12 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Dict
         disable_tqdm=not (is_main() and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
         **trainer_state_args(),
     )
+
+
+def trl_config(cls: type, stage: Any, computed: dict) -> Any:
+    """The TRL config `cls` from the arguments the pipeline computes, with the stage's `trainer` mapping over them
+    (its keys are checked before the run starts: `pipeline.stages.trl_args.check`)."""
+    return cls(**{**computed, **OmegaConf.to_container(stage.trainer, resolve=True)})
 
 
 def lora_config(stage: Any):
