@@ -20,7 +20,8 @@ from pipeline.chain.runfolder import StageContext
 from pipeline.config import ConfigError, cache_dir
 from pipeline.data import chat, packing, tokcache
 from pipeline.data.mixtures import load_mixture
-from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config
+from pipeline.train.models import load_model, load_tokenizer
+from pipeline.train.trainer import common_args, fit, lora_config
 
 log = logging.getLogger("pipeline")
 
