@@ -24,13 +24,15 @@ MIXTURES_DIR = ROOT / "data_mixtures"
 DEFAULT_RECIPE = "tiny"  # the embedded demo: runs anywhere in minutes
 
 
-def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None, added: bool = False) -> Any:
+def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None, added: bool = False,
+        stage: str = "") -> Any:
     """A config field with its help text (`metadata={"help": ...}`, as TRL's configs have; `help=true` lists it).
 
     `added`: a field newer than existing run folders. Left at its default it is not part of any fingerprint
-    (`fingerprint_view`), so those folders still resume.
+    (`fingerprint_view`), so those folders still resume. `stage`: the field is a stage kind's section, trained by
+    the module `pipeline.stages.<stage>` (`STAGE_MODULES`).
     """
-    meta = {"help": help, "added": added}
+    meta = {"help": help, "added": added, **({"stage": stage} if stage else {})}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -305,14 +307,15 @@ class RunConfig:
     base_eval: EvalConfig = arg("lm-eval settings of the base model over `eval` (null: inherit)",
                                 factory=lambda: EvalConfig(apply_chat_template=False))
     plan: PlanConfig = arg("the dry run", factory=PlanConfig)
-    sft: TrainConfig = arg("supervised fine-tuning (chat)", factory=TrainConfig)
-    midtrain: TrainConfig = arg("reasoning mid-training (text)", factory=_midtrain_defaults)
+    sft: TrainConfig = arg("supervised fine-tuning (chat)", factory=TrainConfig, stage="sft")
+    midtrain: TrainConfig = arg("reasoning mid-training (text)", factory=_midtrain_defaults, stage="sft")
     dpo: DpoConfig = arg("preference optimisation with a sweep",
-                         factory=lambda: DpoConfig(learning_rate=5e-7, lr_scheduler_type="cosine"))
-    reward: RewardConfig = arg("a reward model for ppo / grpo", factory=lambda: RewardConfig(learning_rate=1e-5))
-    ppo: PpoConfig = arg("actor-critic PPO",
+                         factory=lambda: DpoConfig(learning_rate=5e-7, lr_scheduler_type="cosine"), stage="dpo")
+    reward: RewardConfig = arg("a reward model for ppo / grpo", factory=lambda: RewardConfig(learning_rate=1e-5),
+                               stage="reward_model")
+    ppo: PpoConfig = arg("actor-critic PPO", stage="ppo",
                          factory=lambda: PpoConfig(learning_rate=1e-6, lr_scheduler_type="constant", max_steps=100))
-    grpo: GrpoConfig = arg("GRPO through TRL",
+    grpo: GrpoConfig = arg("GRPO through TRL", stage="grpo",
                            factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
     hub_mirror: str = arg("a folder of local Hub dataset copies, <owner>/<repo>/...: `hub:` sources read from it", "")
     report_to: list[str] = arg("trackers transformers supports: tensorboard, wandb, trackio, ...", factory=list)
@@ -323,8 +326,9 @@ class RunConfig:
                                     "for the cache folder on disk", 18000)
 
 
-STAGE_KINDS = tuple(f.name for f in fields(RunConfig) if f.type.endswith("Config") and f.name not in (
-    "model", "eval", "base_eval", "plan"))
+# The stage registry: kind (a RunConfig section) -> its module in pipeline/stages/ (`pipeline.stages.STAGES`)
+STAGE_MODULES = {f.name: f.metadata["stage"] for f in fields(RunConfig) if "stage" in f.metadata}
+STAGE_KINDS = tuple(STAGE_MODULES)
 CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),

@@ -51,6 +51,14 @@ def test_cli_exits_2_before_torch_is_imported():
     assert lines == ["error: unknown config key 'sft.learnin_rate' in command line; did you mean 'learning_rate'?"]
 
 
+def test_stage_registry_is_the_config_sections():
+    """Every stage section of the config names its module; the stage table is built from that list alone."""
+    from pipeline.stages import STAGES
+
+    assert STAGE_KINDS == ("sft", "midtrain", "dpo", "reward", "ppo", "grpo") == tuple(STAGES)
+    assert STAGES["midtrain"] is STAGES["sft"] and STAGES["reward"].__module__ == "pipeline.stages.reward_model"
+
+
 @pytest.mark.parametrize("recipe", available_recipes())
 def test_every_shipped_recipe_and_its_mixtures_validate(recipe):
     cfg = load_config([f"recipe={recipe}"])

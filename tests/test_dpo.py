@@ -18,7 +18,7 @@ from pipeline.evaluation.gsm import is_correct
 from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
 from pipeline.tiny.data import split_file
-from pipeline.train.trainer import load_tokenizer
+from pipeline.train.models import load_tokenizer
 
 pytestmark = pytest.mark.slow
 METRIC = "tiny_gsm_val/exact_match,strict-match"  # selection on validation; the test split is for the report

@@ -6,8 +6,10 @@ import json
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from omegaconf import OmegaConf
+from transformers import LlamaConfig, LlamaForCausalLM
 
+from pipeline.config import ModelConfig
 from pipeline.evaluation.gsm import extract_answer, is_correct
 from pipeline.generation.onpolicy import build_pairs, on_policy_pairs, sample_answers
 from pipeline.tiny.data import data_dir
@@ -59,8 +61,7 @@ def tiny_model(tmp_path_factory):
     """A random 2-layer Llama with the project's tiny tokenizer, saved to disk; plus the `rl` rows."""
     root = tmp_path_factory.mktemp("onpolicy")
     data = data_dir(root, TINY)
-    build_tokenizer(data, 300, root / "model")
-    tok = AutoTokenizer.from_pretrained(root / "model")
+    tok = build_tokenizer(data, 300, root / "model")
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id, bos_token_id=None)
@@ -84,7 +85,8 @@ def test_sample_answers(tiny_model):
 
 def test_on_policy_pairs(tiny_model):
     path, _, _, rows = tiny_model
-    pairs, stats = on_policy_pairs(path, [r["prompt"] for r in rows], [r["answer"] for r in rows], k=2,
+    model_cfg = OmegaConf.structured(ModelConfig(name_or_path=str(path)))
+    pairs, stats = on_policy_pairs(path, model_cfg, [r["prompt"] for r in rows], [r["answer"] for r in rows], k=2,
                                    max_new_tokens=8, temperature=1.0, batch_size=3, seed=0)
     assert stats["prompts"] == len(rows) and stats["samples"] == len(rows) * 2
     assert stats["pairs"] == len(pairs)

@@ -24,6 +24,7 @@ from pipeline.data import tokcache
 from pipeline.stages import sft
 from pipeline.train import precision
 from pipeline.train import trainer as training
+from pipeline.train.models import load_model
 
 BF16_TOL = 5e-3  # absolute, per logged step, bf16 vs fp32 (measured max 3e-4)
 WORDS = [f"w{i}" for i in range(60)]
@@ -63,7 +64,7 @@ def _trainer(micro, tmp_path: Path, stage, model_cfg) -> SFTTrainer:
     path, tok, rows = micro
     data = tokcache.tokenised(rows, stage, tok, tmp_path / "cache", "micro")
     args = sft.sft_args(stage, tmp_path / "work", 0, model_cfg.precision)
-    return SFTTrainer(model=training.load_model(path, model_cfg), args=args, train_dataset=data, processing_class=tok)
+    return SFTTrainer(model=load_model(path, model_cfg), args=args, train_dataset=data, processing_class=tok)
 
 
 def test_bf16_step_keeps_fp32_master_weights_and_adam_states(micro, tmp_path):

@@ -10,7 +10,7 @@ from pipeline.config import load_config
 from pipeline.data import tokcache
 from pipeline.data.mixtures import load_mixture
 from pipeline.stages.sft import sft_args
-from pipeline.train.trainer import load_model, load_tokenizer
+from pipeline.train.models import load_model, load_tokenizer
 
 
 def test_batch_rebalance_sorts_each_steps_rows_into_its_micro_batches(tiny_base, cache_dir, tmp_path):

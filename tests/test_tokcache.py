@@ -15,7 +15,7 @@ from pipeline.config import load_config
 from pipeline.data import tokcache
 from pipeline.data.mixtures import load_mixture
 from pipeline.stages.sft import sft_args, train
-from pipeline.train.trainer import load_model, load_tokenizer
+from pipeline.train.models import load_model, load_tokenizer
 
 
 @pytest.fixture(scope="module")

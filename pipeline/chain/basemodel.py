@@ -29,7 +29,7 @@ def check_model_path(cfg: DictConfig) -> None:
         from transformers import AutoConfig  # here, not at the top: plan=true imports this module without torch
 
         try:
-            AutoConfig.from_pretrained(path)
+            AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
         except (ValueError, OSError, KeyError) as err:  # malformed JSON, or no / an unknown model_type
             raise ConfigError(f"model.name_or_path {name}: its config.json cannot be read: {err}") from None
     elif name.startswith(("/", ".", "~")) or name.count("/") > 1:

@@ -16,9 +16,9 @@ dropping earlier think blocks) are refused, naming the row.
 
 Base models: `model.chat_template` names a template, the built-in `chatml` or a Jinja file. When its
 end-of-turn marker is not one token of the vocabulary, it is added as a special token, the embeddings
-are resized (`fit_model`) and it becomes the eos of the tokenizer and of the model's generation config (as TRL's
-`clone_chat_template` does), so the model learns to stop. The tokenizer is saved with each checkpoint,
-so eval and sampling, which load the checkpoint's tokenizer, use the same template.
+are resized (`pipeline.train.models.fit_model`) and it becomes the eos of the tokenizer and of the model's
+generation config (as TRL's `clone_chat_template` does), so the model learns to stop. The tokenizer is saved
+with each checkpoint, so eval and sampling, which load the checkpoint's tokenizer, use the same template.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def template_markers(name: str) -> tuple[str, ...]:
 def apply_template(tok: Any, name: str) -> Any:
     """Set the configured template on `tok`; register its markers as special tokens, the end-of-turn as eos.
 
-    Returns `tok`. New tokens make the vocabulary larger than the model's embeddings: `fit_model` resizes them.
+    Returns `tok`. New tokens make the vocabulary larger than the model's embeddings: `models.fit_model` resizes them.
     """
     if not name:
         return tok
@@ -71,24 +71,6 @@ def apply_template(tok: Any, name: str) -> Any:
     if markers:
         tok.eos_token = markers[0]
     return tok
-
-
-def fit_model(model: Any, model_cfg: Any, path: str | Path) -> Any:
-    """`model` made to match its tokenizer with `model.chat_template` applied: embeddings resized to hold
-    the added markers, the end-of-turn marker as eos of its config and generation config (in place)."""
-    if not model_cfg.chat_template:
-        return model
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer or path, trust_remote_code=model_cfg.trust_remote_code)
-    tok = apply_template(tok, model_cfg.chat_template)
-    if len(tok) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tok), pad_to_multiple_of=64)
-    if tok.eos_token_id is not None:
-        model.config.get_text_config().eos_token_id = tok.eos_token_id
-        if model.generation_config is not None:
-            model.generation_config.eos_token_id = tok.eos_token_id
-    return model
 
 
 def template_kwargs(kwargs: dict | None) -> dict:
@@ -102,10 +84,10 @@ def check_chain(cfg: Any) -> None:
     chat = [n for n in cfg.stages if cfg[n].enabled and cfg[n].get("format", "chat") == "chat"]
     if not chat or cfg.model.chat_template or extension.builds_base(cfg):  # a built model brings its own
         return
-    from transformers import AutoTokenizer
+    from pipeline.train.models import load_tokenizer  # here, not at the top: it imports torch
 
     source = cfg.model.tokenizer or cfg.model.name_or_path
-    if not AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.model.trust_remote_code).chat_template:
+    if not load_tokenizer(cfg.model.name_or_path, cfg.model).chat_template:
         raise ConfigError(f"stage(s) {', '.join(chat)} need a chat template and the tokenizer of {source} has no "
                           "chat template: set model.chat_template=chatml (built in) or to a Jinja file")
 

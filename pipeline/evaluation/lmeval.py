@@ -160,18 +160,18 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     import torch
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pipeline.train.models import load_model, load_tokenizer
     from pipeline.train.precision import inference_dtype
 
     started = time.time()
     cuda = torch.cuda.is_available()
     # A loaded model rather than a path: lm-eval then starts no Accelerator of its own, which in a multi-process
     # launch would share the samples with ranks that are not evaluating (GPUs) or take on DeepSpeed's settings.
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=inference_dtype(model_cfg.precision),
-        trust_remote_code=model_cfg.trust_remote_code).to("cuda" if cuda else "cpu")
-    tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=model_cfg.trust_remote_code)
+    # The checkpoint as saved, with its own tokenizer and template (a base model is scored as it is).
+    model = load_model(model_path, model_cfg, saved=True, dtype=inference_dtype(model_cfg.precision))
+    model = model.to("cuda" if cuda else "cpu")
+    tok = load_tokenizer(model_path, model_cfg, saved=True)
     fmt = prompt_format(ev)
     with lm_eval_to_log(), lmeval_fast.applied():
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=ev["batch_size"],

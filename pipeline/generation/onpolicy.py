@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.evaluation.gsm import is_correct
 from pipeline.generation.generate import generate
+from pipeline.train.models import load_model, load_tokenizer
 from pipeline.train.precision import inference_dtype
-from pipeline.train.trainer import with_pad_token
 
 Chat = list[dict]
 
@@ -44,11 +43,12 @@ def build_pairs(prompts: list[Chat], answers: list[str], samples: list[list[str]
     return pairs, stats
 
 
-def on_policy_pairs(model_path: str | Path, prompts: list[Chat], answers: list[str], k: int, max_new_tokens: int,
-                    temperature: float, batch_size: int, seed: int) -> tuple[list[dict], dict]:
-    """Load the model at `model_path` (bf16 on capable GPUs, fp32 otherwise), sample and build pairs."""
-    tokenizer = with_pad_token(AutoTokenizer.from_pretrained(model_path))
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=inference_dtype("auto"))
+def on_policy_pairs(model_path: str | Path, model_cfg: Any, prompts: list[Chat], answers: list[str], k: int,
+                    max_new_tokens: int, temperature: float, batch_size: int, seed: int) -> tuple[list[dict], dict]:
+    """Load the model at `model_path` as the stage trains it (`model.*` settings, in `model.precision`'s inference
+    dtype), sample and build pairs."""
+    tokenizer = load_tokenizer(model_path, model_cfg)
+    model = load_model(model_path, model_cfg, dtype=inference_dtype(model_cfg.precision))
     if torch.cuda.is_available():
         model.to("cuda")
     started = time.perf_counter()

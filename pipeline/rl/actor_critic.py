@@ -31,7 +31,7 @@ import torch
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
 from pipeline.train import preempt
-from pipeline.train.distributed import main_writes
+from pipeline.train.distributed import any_rank, main_writes
 from pipeline.train.trainer import save_checkpoint
 
 log = logging.getLogger("pipeline")
@@ -446,7 +446,7 @@ class PPOLoop:
                          stats["rollout_tokens_per_s"])
             if on_update is not None:
                 on_update(stats)
-            if preempt.agreed():  # SIGTERM / SIGUSR1 on any rank: save this update and stop cleanly
+            if any_rank(preempt.requested() is not None):  # SIGTERM / SIGUSR1 on any rank: save and stop cleanly
                 self.save()
                 preempt.check(f"in ppo after update {self.update} (checkpoint in {self.work_dir})")
             if args.save_steps > 0 and self.update % args.save_steps == 0 and self.update < args.max_steps:

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from pipeline.config import ConfigError
 from pipeline.evaluation.gsm import extract_answer, is_correct
 from pipeline.runfolder import earlier_stage_model
-from pipeline.train.trainer import with_pad_token
+from pipeline.train.models import load_model, load_tokenizer
+from pipeline.train.precision import inference_dtype
 
 Chat = list[dict]
 
@@ -55,10 +55,12 @@ class RewardModel:
         self.model, self.tok, self.batch_size = model, tok, batch_size
 
     @classmethod
-    def load(cls, path: Path, device: Any = "cpu", batch_size: int = 32) -> RewardModel:
-        """The reward model saved at `path` (a classifier with its tokenizer), on `device`, in eval mode."""
-        tok = with_pad_token(AutoTokenizer.from_pretrained(path))
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).to(device).eval()
+    def load(cls, path: Path, model_cfg: Any, device: Any = "cpu", batch_size: int = 32) -> RewardModel:
+        """The reward model saved at `path` (a classifier with its tokenizer), on `device`, in eval mode and in
+        `model.precision`'s inference dtype."""
+        tok = load_tokenizer(path, model_cfg, saved=True)
+        model = load_model(path, model_cfg, "classifier", saved=True, dtype=inference_dtype(model_cfg.precision))
+        model = model.to(device).eval()
         model.config.pad_token_id = tok.pad_token_id
         return cls(model, tok, batch_size)
 
@@ -78,13 +80,14 @@ class RewardModel:
         return out
 
 
-def reward_function(stage: Any, stage_dir: Path, device: Any = "cpu"):
-    """`fn(prompts, responses, answers) -> scores` for the stage's `reward` kind."""
+def reward_function(stage: Any, stage_dir: Path, model_cfg: Any, device: Any = "cpu"):
+    """`fn(prompts, responses, answers) -> scores` for the stage's `reward` kind (a reward model loads with the
+    recipe's `model.*` settings)."""
     if stage.reward == "verifiable":
         def score(prompts: list[Chat], responses: list[str], answers: list[str]) -> list[float]:
             return [verifiable(r, a, stage.format_reward) for r, a in zip(responses, answers, strict=True)]
         return score
-    model = RewardModel.load(resolve_reward_model(stage.reward_model, stage_dir), device)
+    model = RewardModel.load(resolve_reward_model(stage.reward_model, stage_dir), model_cfg, device)
 
     def score_model(prompts: list[Chat], responses: list[str], answers: list[str] | None = None) -> list[float]:
         return model(prompts, responses)

@@ -24,8 +24,9 @@ from pipeline.data.mixtures import load_mixture
 from pipeline.files import atomic_dir, write_json, write_text
 from pipeline.runfolder import StageContext
 from pipeline.train.distributed import main_writes
+from pipeline.train.models import load_model, load_tokenizer
 from pipeline.train.precision import matmul_precision
-from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config, trl_config
+from pipeline.train.trainer import common_args, fit, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
 
@@ -41,8 +42,8 @@ def _on_policy(ctx: StageContext) -> Any:
             rows = load_mixture(op.mixture, ctx.cfg)
             if op.max_prompts:
                 rows = rows.select(range(min(op.max_prompts, len(rows))))
-            pairs, stats = on_policy_pairs(ctx.input_model, list(rows["prompt"]), list(rows["answer"]), op.samples,
-                                           op.max_new_tokens, op.temperature, op.batch_size, ctx.cfg.seed)
+            pairs, stats = on_policy_pairs(ctx.input_model, ctx.cfg.model, list(rows["prompt"]), list(rows["answer"]),
+                                           op.samples, op.max_new_tokens, op.temperature, op.batch_size, ctx.cfg.seed)
             log.info("on-policy pairs: %s", stats)
             write_json(ctx.stage_dir / "on_policy_stats.json", stats)
             write_text(path, "".join(json.dumps(p) + "\n" for p in pairs))

@@ -13,7 +13,8 @@ from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, reward_function
 from pipeline.runfolder import StageContext
 from pipeline.train.distributed import is_main
-from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config, trl_config
+from pipeline.train.models import load_model, load_tokenizer
+from pipeline.train.trainer import common_args, fit, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
 
@@ -32,7 +33,7 @@ def run(ctx: StageContext) -> dict:
     stage, cfg = ctx.stage, ctx.cfg
     tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
     data = load_prompts(stage, cfg, "grpo")
-    score = reward_function(stage, ctx.stage_dir)
+    score = reward_function(stage, ctx.stage_dir, cfg.model)
 
     def reward(prompts, completions, answer=None, **_) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -50,6 +51,7 @@ def run(ctx: StageContext) -> dict:
     rewards = [(h["step"], h["reward"]) for h in trainer.state.log_history if "reward" in h]
     after = None
     if main and heldout:
-        after = greedy_reward(load_model(ctx.out_dir / "model", cfg.model), tok, heldout, stage.max_new_tokens)
+        trained = load_model(ctx.out_dir / "model", cfg.model, saved=True)
+        after = greedy_reward(trained, tok, heldout, stage.max_new_tokens)
     log.info("grpo: held-out greedy reward %s -> %s; training rewards %s", before, after, rewards)
     return {**metrics, "rewards": rewards, "heldout_reward_before": before, "heldout_reward_after": after}

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from transformers import AutoModelForSequenceClassification
 
 from pipeline.files import write_text
 from pipeline.rl.actor_critic import PPOLoop, ValueModel
@@ -25,8 +24,9 @@ from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, resolve_reward_model, reward_function
 from pipeline.runfolder import StageContext
 from pipeline.train.distributed import main_writes
+from pipeline.train.models import load_model, load_tokenizer
 from pipeline.train.precision import load_dtype, matmul_precision, mixed_precision
-from pipeline.train.trainer import load_model, load_tokenizer, lora_config, save_checkpoint
+from pipeline.train.trainer import lora_config, save_checkpoint
 
 log = logging.getLogger("pipeline")
 SUMMARY = ("reward_mean", "reward_std", "kl", "entropy", "clipfrac", "approx_kl", "value_loss", "explained_variance",
@@ -35,12 +35,12 @@ SUMMARY = ("reward_mean", "reward_std", "kl", "entropy", "clipfrac", "approx_kl"
 
 def _value_model(ctx: StageContext, pad_id: int) -> ValueModel:
     stage = ctx.stage
-    source = ctx.input_model if stage.value_init == "policy" else resolve_reward_model(stage.reward_model,
-                                                                                      ctx.stage_dir)
-    classifier = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1,
-                                                                    dtype=load_dtype(ctx.cfg.model, deepspeed=False))
+    policy_init = stage.value_init == "policy"
+    source = ctx.input_model if policy_init else resolve_reward_model(stage.reward_model, ctx.stage_dir)
+    classifier = load_model(source, ctx.cfg.model, "classifier", saved=not policy_init,
+                            dtype=load_dtype(ctx.cfg.model, deepspeed=False))
     classifier.config.pad_token_id = pad_id
-    if stage.value_init == "policy":
+    if policy_init:
         torch.nn.init.zeros_(classifier.score.weight)  # start from V = 0 rather than random values
     return ValueModel(classifier)
 
@@ -88,7 +88,7 @@ def run(ctx: StageContext) -> dict:
         resolve_reward_model(stage.reward_model, ctx.stage_dir)  # fail early with a clear message
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision(cfg.model.precision))
     tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
-    prompts, score = _prompts(ctx, tok), reward_function(stage, ctx.stage_dir, accelerator.device)
+    prompts, score = _prompts(ctx, tok), reward_function(stage, ctx.stage_dir, cfg.model, accelerator.device)
 
     def reward_fn(rows: list[dict], responses: list[list[int]]) -> list[float]:
         texts = tok.batch_decode(responses, skip_special_tokens=True)

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
-from transformers import AutoModelForSequenceClassification
 from trl import RewardConfig as TrlRewardConfig
 from trl import RewardTrainer
 
@@ -22,9 +21,9 @@ from pipeline.config import ConfigError
 from pipeline.data.mixtures import load_mixture
 from pipeline.rl.rewards import RewardModel, as_chat
 from pipeline.runfolder import StageContext
-from pipeline.train.distributed import deepspeed_on, is_main
-from pipeline.train.precision import load_dtype
-from pipeline.train.trainer import common_args, fit, load_tokenizer, lora_config, trl_config
+from pipeline.train.distributed import is_main
+from pipeline.train.models import load_model, load_tokenizer
+from pipeline.train.trainer import common_args, fit, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
 
@@ -66,8 +65,7 @@ def run(ctx: StageContext) -> dict:
     held = min(200, max(1, len(data) // 10))
     split = data.train_test_split(test_size=held, seed=cfg.seed, shuffle=True)
     train, test = split["train"], [dict(r) for r in split["test"]]
-    model = AutoModelForSequenceClassification.from_pretrained(ctx.input_model, num_labels=1,
-                                                               dtype=load_dtype(cfg.model, deepspeed_on()))
+    model = load_model(ctx.input_model, cfg.model, "classifier")
     model.config.pad_token_id = tok.pad_token_id
     main = is_main()
     before = pair_accuracy(model, tok, test) if main else None
@@ -76,7 +74,7 @@ def run(ctx: StageContext) -> dict:
                             peft_config=lora_config(stage))
     metrics = fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit, stage.matmul_precision)
     if main:
-        trained = AutoModelForSequenceClassification.from_pretrained(ctx.out_dir / "model", num_labels=1)
+        trained = load_model(ctx.out_dir / "model", cfg.model, "classifier", saved=True)
         after = pair_accuracy(trained, tok, test)
         log.info("reward model: held-out pair accuracy %.3f -> %.3f (%d pairs)", before, after, len(test))
     else:

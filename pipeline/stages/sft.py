@@ -21,7 +21,8 @@ from pipeline.config import ConfigError, cache_dir
 from pipeline.data import chat, packing, tokcache
 from pipeline.data.mixtures import load_mixture
 from pipeline.runfolder import StageContext
-from pipeline.train.trainer import common_args, fit, load_model, load_tokenizer, lora_config, trl_config
+from pipeline.train.models import load_model, load_tokenizer
+from pipeline.train.trainer import common_args, fit, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
 

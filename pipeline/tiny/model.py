@@ -15,14 +15,14 @@ import datasets
 import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from pipeline.config import TrainConfig
 from pipeline.files import atomic_dir, publish_dir, temp_name, write_json
 from pipeline.stages.sft import train
 from pipeline.tiny.data import data_dir, tiny_dir
 from pipeline.train.distributed import main_value, main_writes
-from pipeline.train.trainer import load_tokenizer
+from pipeline.train.models import load_tokenizer
 
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -43,8 +43,9 @@ def _corpus(data: Path) -> Iterator[str]:
             yield row.get("text") or "\n".join(m["content"] for m in row["messages"])
 
 
-def build_tokenizer(data: Path, vocab_size: int, out: Path) -> None:
-    """Train a byte-level BPE tokenizer (digits split one by one) with a ChatML template into `out`."""
+def build_tokenizer(data: Path, vocab_size: int, out: Path) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer (digits split one by one) with a ChatML template, save it into `out` and
+    return it."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
@@ -56,10 +57,11 @@ def build_tokenizer(data: Path, vocab_size: int, out: Path) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token=DOC_SEP)
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
+    return fast
 
 
-def _init_model(path: Path, tiny: dict) -> None:
-    tok = AutoTokenizer.from_pretrained(path)
+def _init_model(path: Path, tok: PreTrainedTokenizerFast, tiny: dict) -> None:
+    """A random Llama shaped by `tiny`, over `tok`'s vocabulary, saved into `path` (built here, not loaded)."""
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=tiny["hidden_size"], num_hidden_layers=tiny["num_layers"],
         num_attention_heads=tiny["num_heads"], num_key_value_heads=tiny["num_heads"],
@@ -102,8 +104,7 @@ def ensure_base_model(cache_dir: Path, tiny: Any, model_cfg: Any, seed: int) -> 
             data = data_dir(cache_dir, params)
             if not init.is_dir():
                 with atomic_dir(init, first_wins=True) as tmp:
-                    build_tokenizer(data, tiny.vocab_size, tmp)
-                    _init_model(tmp, params)
+                    _init_model(tmp, build_tokenizer(data, tiny.vocab_size, tmp), params)
     rows = [json.loads(line) for line in open(data_dir(cache_dir, params) / "pretrain.jsonl", encoding="utf-8")]
     tok = load_tokenizer(init, model_cfg, need_template=False)
     build = Path(main_value(str(temp_name(root / "build"))))  # this world's: checkpoints and the model

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import TypeVar
 
 import torch
+import torch.distributed as dist
 from accelerate import PartialState
 from accelerate.state import AcceleratorState
 from accelerate.utils import broadcast_object_list
@@ -52,6 +53,14 @@ def trainer_state_args() -> dict:
 def is_main() -> bool:
     """Whether this is the main process (the one that writes run files)."""
     return PartialState().is_main_process
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is true on any rank (an all-reduce of the verdict; every rank must call it)."""
+    verdict = torch.tensor([float(flag)], device=PartialState().device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
+    return bool(verdict.item())
 
 
 def main_value(value: T) -> T:

@@ -13,6 +13,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from pipeline.train.distributed import any_rank
+
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (a requeued Slurm job reruns the same command)
 _requested = {"signal": None}
 
@@ -42,23 +44,11 @@ def check(where: str) -> None:
         raise Preempted(f"{requested()} received; stopped cleanly {where}")
 
 
-def agreed() -> bool:
-    """Whether any rank received a signal (all ranks must stop at the same step)."""
-    import torch
-    import torch.distributed as dist
-    from accelerate import PartialState
-
-    flag = torch.tensor([1.0 if requested() else 0.0], device=PartialState().device)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
 class PreemptCallback(TrainerCallback):
     """After each optimizer step: on a preemption signal, save a checkpoint and stop training."""
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
-        if agreed():
+        if any_rank(requested() is not None):  # all ranks stop at the same step
             _requested["signal"] = _requested["signal"] or "a peer's signal"
             control.should_save = True
             control.should_training_stop = True

@@ -23,10 +23,10 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from accelerate import PartialState
 from transformers import TrainerCallback
 
+from pipeline.train.distributed import any_rank
 from pipeline.train.flops import flops_per_token, peak_flops
 
 log = logging.getLogger("pipeline")
@@ -69,14 +69,6 @@ def memory_limit() -> float:
     """The stop threshold for this rank: MEMORY_LIMIT, or the test override `PIPELINE_TEST_MEMORY_LIMIT=RANK:LIMIT`."""
     rank, _, limit = os.environ.get("PIPELINE_TEST_MEMORY_LIMIT", "").partition(":")
     return float(limit) if rank and int(rank) == PartialState().process_index else MEMORY_LIMIT
-
-
-def any_rank(flag: bool) -> bool:
-    """Whether `flag` is true on any rank (an all-reduce of the verdict; every rank must call it)."""
-    verdict = torch.tensor([float(flag)], device=PartialState().device)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
-    return bool(verdict.item())
 
 
 def full_numel(model: Any) -> int:

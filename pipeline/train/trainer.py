@@ -1,5 +1,5 @@
-"""What every trainer shares: training arguments, loading the model and tokenizer, the training
-precision, LoRA, driving a TRL trainer to a saved checkpoint (`fit`), and the atomic checkpoint save.
+"""What every trainer shares: training arguments, the training precision, LoRA, driving a TRL trainer to a
+saved checkpoint (`fit`), and the atomic checkpoint save (models and tokenizers load through `models`).
 
 A checkpoint is written to a temporary folder and renamed into place, so `model/` is always whole;
 with LoRA the adapter is merged and a full plain checkpoint is saved.
@@ -19,45 +19,19 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
 from pipeline.config import ConfigError
-from pipeline.data import chat, prep
+from pipeline.data import prep
 from pipeline.files import commit_dir, read_json
 from pipeline.train import precision as prec
 from pipeline.train import preempt, tracking
-from pipeline.train.distributed import deepspeed_on, is_main, main_writes, trainer_state_args
+from pipeline.train.distributed import is_main, main_writes, trainer_state_args
 from pipeline.train.telemetry import MEMORY_LIMIT, Telemetry
 
 MFU_ALERT = 0.30  # warn below this model FLOPs utilisation (GPU only: CPUs have no MFU)
 
 log = logging.getLogger("pipeline")
-
-
-def with_pad_token(tok: Any) -> Any:
-    """The tokenizer, padding with its EOS token when it has no pad token of its own."""
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool):
-    """Load a tokenizer with `model.chat_template` applied; check it has a chat template when one is needed."""
-    tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer or path, trust_remote_code=model_cfg.trust_remote_code)
-    chat.apply_template(tok, model_cfg.chat_template)
-    if need_template and not tok.chat_template:
-        raise ConfigError(f"tokenizer of {path} has no chat template; set model.chat_template=chatml or a Jinja file")
-    return with_pad_token(tok)
-
-
-def load_model(path: str | Path, model_cfg: Any):
-    """A causal LM from a checkpoint (fp32 master weights, or the dtype `precision.load_dtype` picks), fitted to
-    `model.chat_template`'s tokens."""
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=prec.load_dtype(model_cfg, deepspeed_on()), use_safetensors=True,
-        attn_implementation=model_cfg.attn_implementation, trust_remote_code=model_cfg.trust_remote_code)
-    return chat.fit_model(model, model_cfg, path)
 
 
 def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> dict:
