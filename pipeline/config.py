@@ -81,6 +81,9 @@ class EvalConfig:
     gsm8k_dir: str | None = arg("GSM8K train.jsonl / test.jsonl folder (task gsm8k_local); empty: openai/gsm8k", None)
     chat_template_kwargs: Any = arg("a mapping passed to the chat template, e.g. {enable_thinking: false}", None,
                                     added=True)
+    fast_generation: bool | None = arg("true (null at the top level): lm-eval's repeated work done once, finished "
+                                       "rows leaving a greedy batch (pipeline/evaluation/lmeval_fast.py; the same "
+                                       "answers); false: stock lm-eval", None, added=True)
 
 
 def _eval_defaults() -> EvalConfig:

@@ -30,9 +30,11 @@ def _run(out: Path, cache_dir: Path, *args: str):
 @pytest.fixture(scope="module")
 def gated_run(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("gated")
-    # sft's floor cannot be met (a warning verdict, the chain goes on); midtrain's gates always pass
+    # sft's floor cannot be met (a warning verdict, the chain goes on); midtrain's gates always pass; midtrain is
+    # scored by stock lm-eval
     proc = _run(out, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.01",
-                f"midtrain.gate.metric={FLEX}", "midtrain.gate.min=0.0", "midtrain.gate.max_drop=1.0")
+                f"midtrain.gate.metric={FLEX}", "midtrain.gate.min=0.0", "midtrain.gate.max_drop=1.0",
+                "midtrain.eval.fast_generation=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "tiny"
 
@@ -45,10 +47,11 @@ def _outcomes(run: Path, stage: str, metric: str) -> dict[int, float]:
 
 def test_every_checkpoint_is_scored_and_gated(gated_run):
     base = json.loads((gated_run / "stages/00-base/stage.json").read_text())
-    assert METRIC in base["eval"]["metrics"]
-    for stage in ("01-sft", "02-midtrain"):
+    assert METRIC in base["eval"]["metrics"] and base["eval"]["fast_generation"] is True
+    for stage, fast in (("01-sft", True), ("02-midtrain", False)):
         record = json.loads((gated_run / "stages" / stage / "stage.json").read_text())
         ev = record["eval"]
+        assert ev["fast_generation"] is fast and ev["settings"]["fast_generation"] is (False if not fast else None)
         assert 0.0 <= ev["metrics"][METRIC] <= 1.0 and METRIC in ev["stderr"]
         assert ev["samples"] == {"tiny_gsm": 50} and "tiny_gsm" in ev["task_configs"]
         samples = (gated_run / "stages" / stage / "eval" / "samples_tiny_gsm.jsonl").read_text().splitlines()

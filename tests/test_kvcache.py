@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, DynamicLayer, MistralConfig
 
+from pipeline.evaluation import lmeval_fast
 from pipeline.generation.kvcache import BufferedLayer, buffered_cache
 
 
@@ -45,3 +46,13 @@ def test_sliding_window_layers_stay_as_they_are():
     cache = buffered_cache(config, 32)
     assert [type(layer) for layer in cache.layers] == [type(layer) for layer in DynamicCache(config=config).layers]
     assert not any(type(layer) is DynamicLayer or isinstance(layer, BufferedLayer) for layer in cache.layers)
+
+
+def test_a_changed_dynamic_layer_turns_fast_generation_off(monkeypatch):
+    """`BufferedLayer` builds on `DynamicLayer`'s methods: one renamed or with other parameters is drift."""
+    assert lmeval_fast.drift() is None
+    monkeypatch.setattr(DynamicLayer, "lazy_initialization", None)
+    assert lmeval_fast.drift() == "transformers.DynamicLayer.lazy_initialization"
+    monkeypatch.undo()
+    monkeypatch.setattr(DynamicLayer, "update", lambda self, key_states, value_states: (key_states, value_states))
+    assert lmeval_fast.drift() == "transformers.DynamicLayer.update"

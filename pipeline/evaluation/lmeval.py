@@ -155,6 +155,18 @@ def describe_format(fmt: dict) -> str:
     return ", ".join(parts + [f"{k}={v}" for k, v in fmt["chat_template_kwargs"].items()])
 
 
+def fast_generation(ev: dict) -> bool:
+    """Whether `run_eval` scores through `lmeval_fast.applied()`: unless `eval.fast_generation` is false, and only
+    while every target it patches is there as expected (else one warning naming it, and stock lm-eval)."""
+    if ev.get("fast_generation") is False:
+        return False
+    changed = lmeval_fast.drift()
+    if changed:
+        log.warning("eval.fast_generation: %s is missing or takes other arguments in this lm-eval / transformers; "
+                    "scoring with stock lm-eval", changed)
+    return changed is None
+
+
 def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, model_cfg: Any) -> dict:
     """Score one checkpoint with lm-eval (call on one process only); keep per-sample output in `out_dir`."""
     import torch
@@ -173,7 +185,8 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     model = model.to("cuda" if cuda else "cpu")
     tok = load_tokenizer(model_path, model_cfg, saved=True)
     fmt = prompt_format(ev)
-    with lm_eval_to_log(), lmeval_fast.applied():
+    fast = fast_generation(ev)
+    with lm_eval_to_log(), lmeval_fast.applied() if fast else contextlib.nullcontext():
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=ev["batch_size"],
                   chat_template_args=fmt["chat_template_kwargs"])
         results = simple_evaluate(
@@ -203,6 +216,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
         "splits": {task: split_of(config) for task, config in results.get("configs", {}).items()},
         "settings": ev,
         "prompt_format": describe_format(fmt),
+        "fast_generation": fast,
         "wall_time_s": round(time.time() - started, 2),
     }
 
@@ -211,4 +225,5 @@ def merge(earlier: dict, later: dict, ev: dict) -> dict:
     """One checkpoint's evaluations on disjoint tasks (`earlier`, then `later`) as one evaluation on `ev`."""
     keyed = ("metrics", "stderr", "samples", "task_configs", "splits")
     return {**later, **{k: {**earlier.get(k, {}), **later.get(k, {})} for k in keyed}, "settings": ev,
+            "fast_generation": earlier.get("fast_generation") is True and later["fast_generation"],
             "wall_time_s": round(earlier["wall_time_s"] + later["wall_time_s"], 2)}

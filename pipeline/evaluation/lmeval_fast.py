@@ -13,8 +13,10 @@ On a small model `lm_eval.simple_evaluate` spends a good part of its time outsid
   (lm-eval's decode drops them), thinking models and generation configs that add logits processors keep
   lm-eval's own generation.
 
-`applied()` installs all three for the length of a `with` block (`evaluate.run_eval`). tests/test_lmeval_fast.py
-checks that the answers are the same as plain lm-eval's; bench/lmeval_patches.py measures what they save.
+`applied()` installs all three for the length of a `with` block (`evaluate.run_eval`, unless
+`eval.fast_generation=false`); `drift()` names a target that an lm-eval or transformers version has renamed or
+changed, and `run_eval` then uses stock lm-eval. tests/test_lmeval_fast.py checks that the answers are the same as
+stock lm-eval's; bench/lmeval_patches.py measures what they save.
 """
 
 from __future__ import annotations
@@ -23,6 +25,49 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from typing import Any
+
+# what `applied` replaces and `greedy_until` / `kvcache.BufferedLayer` build on: (module, attribute, its parameters
+# as `inspect.signature` lists them, "*" / "**" for *args / **kwargs; None: any callable)
+TARGETS = (
+    ("lm_eval.models.huggingface", "HFLM._model_generate", ("self", "context", "max_length", "stop", "**")),
+    ("lm_eval.models.huggingface", "HFLM.tok_decode", None),
+    ("lm_eval.utils", "apply_template", ("template", "doc")),
+    ("lm_eval.utils", "env.from_string", None),
+    ("lm_eval.evaluator", "add_env_info", ("storage",)),
+    ("lm_eval.evaluator", "get_git_commit_hash", ()),
+    ("lm_eval.loggers.utils", "add_env_info", ("storage",)),
+    ("lm_eval.loggers.utils", "get_git_commit_hash", ()),
+    ("transformers", "DynamicLayer.lazy_initialization", ("self", "key_states", "value_states")),
+    ("transformers", "DynamicLayer.update", ("self", "key_states", "value_states", "*", "**")),
+    ("transformers", "DynamicLayer.get_seq_length", None),
+    ("transformers", "DynamicCache.batch_select_indices", ("self", "indices")),
+)
+
+
+def _parameters(function: Any) -> tuple[str, ...]:
+    import inspect
+
+    marks = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    return tuple(marks.get(p.kind, p.name) for p in inspect.signature(function).parameters.values())
+
+
+def drift() -> str | None:
+    """The first of `TARGETS` missing from the installed lm-eval / transformers or taking other parameters, as
+    `module.attribute` (None: all there as expected). `DynamicCache` must also take `config` and hold `layers`."""
+    import importlib
+
+    for module, attribute, expected in TARGETS:
+        target: Any = importlib.import_module(module)
+        for name in attribute.split("."):
+            target = getattr(target, name, None)
+        if not callable(target) or (expected is not None and _parameters(target) != expected):
+            return f"{module}.{attribute}"
+    from transformers import DynamicCache, DynamicLayer
+
+    if "config" not in _parameters(DynamicCache.__init__) or not hasattr(DynamicCache(), "layers") \
+            or not hasattr(DynamicLayer(), "is_initialized"):
+        return "transformers.DynamicCache(config=...).layers"
+    return None
 
 
 @functools.lru_cache(maxsize=256)
