@@ -29,7 +29,7 @@ from pipeline.config import grid, load_config
 from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
 from pipeline.tiny.model import ensure_base_model
-from pipeline.train.trainer import load_tokenizer
+from pipeline.train.models import load_tokenizer
 
 
 def sweep(overrides: list[str], cache: str, base: Path, pairs: int, out: Path, shared: bool) -> tuple[float, float]:

@@ -39,7 +39,7 @@ from pipeline.data.mixtures import load_mixture
 from pipeline.evaluation.lmeval import run_eval, settings
 from pipeline.stages.sft import train
 from pipeline.tiny.model import ensure_base_model
-from pipeline.train.trainer import load_tokenizer
+from pipeline.train.models import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 METRIC = "tiny_gsm_val/exact_match,strict-match"  # validation: settings are never chosen on test
