@@ -42,7 +42,7 @@ from pipeline.tiny.model import ensure_base_model
 from pipeline.train.models import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-METRIC = "tiny_gsm/exact_match,strict-match"
+METRIC = "tiny_gsm_val/exact_match,strict-match"  # validation: settings are never chosen on test
 BREAKDOWN = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "save_s")
 UNPACKED_BATCH = 32  # chats per step: the tiny recipe before it packed its SFT data
 UNPACKED = {"sft": {"packing": False, "per_device_train_batch_size": UNPACKED_BATCH}}
