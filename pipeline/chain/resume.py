@@ -2,7 +2,8 @@
 
 A stage is reused when its `stage.json` says done with the same fingerprint (its config, its data, and
 everything upstream). A finished stage whose fingerprint changed is an error unless the user asks to
-redo it; redoing a stage redoes every stage after it. Every rank decides the same way.
+redo it; redoing a stage redoes every stage after it, from scratch (an interrupted one's checkpoints came from
+the model being replaced). Every rank decides the same way.
 """
 
 from __future__ import annotations
@@ -67,13 +68,15 @@ def _refuse_changed(decision: StageDecision, record: StageRecord, config: dict) 
                        f"to retrain it and every stage after it add redo=[{name}], or use a new run_name")
 
 
-def _action(decision: StageDecision, record: StageRecord, redo: bool, config: dict) -> str:
-    if finished(record, decision.dir) and not redo:
+def _action(decision: StageDecision, record: StageRecord, redo: bool, forced: bool, config: dict) -> str:
+    """`redo`: the user asks to retrain this stage; `forced`: an earlier stage trains in this run."""
+    if finished(record, decision.dir) and not (redo or forced):
         if record.fingerprint != decision.fingerprint:
             raise _refuse_changed(decision, record, config)
         done = record.status == "done" and record.eval_fingerprint == decision.eval_fingerprint
         return "reuse" if done else "evaluate"
-    return "resume" if record.status == "running" and record.fingerprint == decision.fingerprint else "train"
+    resumable = not forced and record.status == "running" and record.fingerprint == decision.fingerprint
+    return "resume" if resumable else "train"
 
 
 def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
@@ -85,7 +88,7 @@ def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
         fp = fingerprint({"kind": name, "config": config, "data": sources, "upstream": upstream, "seed": cfg.seed})
         decision = StageDecision(i, name, stage_dir(root, i, name), fp, upstream,
                                  eval_fingerprint(fp, evaluate.settings(cfg, name)), "", sources)
-        decision.action = _action(decision, StageRecord.read(decision.dir), forced or name in cfg.redo, config)
+        decision.action = _action(decision, StageRecord.read(decision.dir), name in cfg.redo, forced, config)
         forced = forced or decision.action in ("train", "resume")
         out.append(decision)
         upstream = fp

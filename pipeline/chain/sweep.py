@@ -101,7 +101,7 @@ def _combine(ctx: StageContext, stage_fp: str, kind: str, models: list[Path], we
     sources = [str(m) for m in models]
     fp = fingerprint({"stage": stage_fp, kind: sources, "weights": weights})
     record = StageRecord.read(out)
-    if record.status == "done" and record.fingerprint == fp:
+    if record.status == "done" and finished(record, out, fp):
         return record
     with main_writes() as main:
         if main and weights is None:
@@ -153,7 +153,7 @@ def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> T
              for r in candidates]
     log.info("selected candidate %s by %s: %s", selected.candidate, metric or "(single candidate)",
              ", ".join(f"{row['candidate']}={row[metric or 'metric']:.4f}" for row in table))
-    metrics = {**(selected.metrics or ranked[0].metrics), "selected": selected.candidate,
+    metrics = {**(selected.metrics or {}), "selected": selected.candidate,  # a soup or merge trained nothing
                "selected_by": metric or None, "tie_rule": TIE_RULE, "candidates": table}
     return Trained(metrics, selected.eval, _trained_with(ctx, selected))
 
