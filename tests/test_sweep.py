@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.chain import sweep
-from pipeline.chain.runfolder import StageContext, StageRecord, candidate_dir
 from pipeline.config import ConfigError, grid, load_config
+from pipeline.runfolder import StageContext, StageRecord, candidate_dir
 
 METRIC = "gsm8k_local_val/exact_match,flexible-extract"  # the smol recipe's dpo gate metric
 GRID = ["dpo.sweep.beta=[0.2,0.1]", "dpo.sweep.learning_rate=[2e-6,1e-6]", "dpo.soup.top_k=0", "dpo.merge.stage="]
