@@ -35,6 +35,7 @@ from pipeline.config import DpoConfig, ModelConfig, TrainConfig
 from pipeline.stages import sft
 from pipeline.train import trainer as training
 from pipeline.train.flops import flops_per_token, peak_flops
+from pipeline.train.models import load_model
 
 GPU = torch.cuda.is_available()
 COMMON = {"vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 8192, "rope_theta": 100000.0}
@@ -90,7 +91,7 @@ def sft_row(path: Path, tok, shape: dict, length: int, attn: str, offload: bool,
     if GPU:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    trainer = SFTTrainer(model=training.load_model(path, model_cfg), args=args, train_dataset=data,
+    trainer = SFTTrainer(model=load_model(path, model_cfg), args=args, train_dataset=data,
                          processing_class=tok)
     m = training.fit(trainer, tok, work, nonfinite_limit=0)
     tokens_per_s = m["tokens"] / m["compute_s"]
@@ -118,7 +119,7 @@ def dpo_row(path: Path, tok, length: int, work: Path) -> dict:
                                          "rejected": text(length // 2)} for _ in range(2 * STEPS + 4)])
     args = DPOConfig(**training.common_args(stage, work / "work", 0, model_cfg.precision), beta=0.1,
                      precompute_ref_log_probs=False)
-    trainer = DPOTrainer(model=training.load_model(path, model_cfg), ref_model=None, args=args, train_dataset=pairs,
+    trainer = DPOTrainer(model=load_model(path, model_cfg), ref_model=None, args=args, train_dataset=pairs,
                          processing_class=tok)
     m = training.fit(trainer, tok, work, nonfinite_limit=0)
     return {"step_s": round(m["compute_s"] / m["steps"], 3), "loss_last": round(m["loss_last"], 4)}

@@ -63,6 +63,17 @@ def forward_signals() -> None:
         signal.signal(sig, forward)
 
 
+def one_process(args: object) -> None:
+    """accelerate's simple launcher (one process), waiting for the process through SIGTERM / SIGUSR1: its own
+    exits 143 on SIGTERM and kills the process 5 s later, before a checkpoint is saved and its code is known."""
+    from accelerate.utils import prepare_simple_launcher_cmd_env
+
+    cmd, env = prepare_simple_launcher_cmd_env(args)
+    code = subprocess.Popen(cmd, env=env).wait()
+    if code:
+        raise subprocess.CalledProcessError(code, cmd)
+
+
 def log_hint(recipe: list[str]) -> str:
     """`; log: <run>/pipeline.log` for the run these recipe arguments name, when that log exists."""
     from pipeline.config import ConfigError, load_config
@@ -77,6 +88,7 @@ def log_hint(recipe: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Launch `pipeline/run.py` through accelerate's launcher; return the pipeline's own exit code."""
+    from accelerate.commands import launch as accelerate_launch
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -87,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args([*options, str(RUN_SCRIPT), *recipe])
     args.quiet = False  # --quiet makes the launchers exit 1 instead of raising the child's code
     forward_signals()
+    accelerate_launch.simple_launcher = one_process
     try:
         launch_command(args)
     except subprocess.CalledProcessError as err:
