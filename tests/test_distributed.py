@@ -31,7 +31,7 @@ CHAIN = [
     "dpo.mixture=tiny_prefs", "dpo.on_policy.enabled=false", "dpo.sweep.beta=null", "dpo.sweep.learning_rate=null",
     "dpo.soup.top_k=0", "dpo.merge.stage=", "dpo.max_steps=3", "dpo.per_device_train_batch_size=2",
     "dpo.learning_rate=5e-4", "dpo.logging_steps=1", "sft.gate.metric=", "midtrain.gate.metric=",
-    "dpo.gate.metric=", "eval.limit=8", "eval.max_gen_toks=16",
+    "dpo.gate.metric=", "eval.tasks=[]", "base_eval.tasks=[]",  # losses and weights are compared, not scores
 ]
 
 
