@@ -148,13 +148,13 @@ def test_on_policy_pairs_are_correct_over_incorrect(sweep_run, cache_dir):
 
 
 def test_sigmoid_loss_runs(tmp_path, cache_dir):
-    proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft,dpo]",
+    proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[dpo]",
                    "dpo.mixture=tiny_prefs", "dpo.on_policy.enabled=false", "dpo.loss_type=[sigmoid]",
                    "dpo.max_steps=3", "dpo.per_device_train_batch_size=4", "dpo.beta=0.1", "dpo.learning_rate=2e-5",
                    "dpo.sweep.beta=null", "dpo.sweep.learning_rate=null", "dpo.gate.metric=",
                    "dpo.soup.top_k=0", "dpo.merge.stage=")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    stage = json.loads((tmp_path / "tiny/stages/02-dpo/stage.json").read_text())
+    stage = json.loads((tmp_path / "tiny/stages/01-dpo/stage.json").read_text())
     assert stage["metrics"]["selected"] == "beta0.1-lr2e-05" and stage["config"]["loss_type"] == ["sigmoid"]
 
 
