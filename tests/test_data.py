@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from pipeline.config import ConfigError, load_config
 from pipeline.data.mixtures import fingerprints, load_mixture, normalise
-from pipeline.tiny.data import build_splits
+from pipeline.tiny.data import ITEMS, NAMES, build_splits
 
 GSM8K = ROOT / "tests" / "fixtures" / "gsm8k" / "train.jsonl"  # GSM8K's first 508 train rows, shipped
 _spec = importlib.util.spec_from_file_location("gsm8k_validation", ROOT / "eval" / "tasks" / "gsm8k_validation.py")
@@ -104,6 +104,28 @@ def test_tiny_splits_follow_gsm8k_format_and_test_is_disjoint():
             assert eval(f"{a}{op}{b}") == int(c)  # noqa: S307 - digits and one operator, checked by the regex
     for pair in splits["prefs"]:
         assert pair["chosen"][0]["content"].split("#### ")[1] != pair["rejected"][0]["content"].split("#### ")[1]
+
+
+def _arithmetic(answer: str) -> str:
+    """A worked answer's operations and operands in order, read back from its `<<a+b=c>>` notes."""
+    return "|".join(re.findall(r"<<([^=]+)=", answer))
+
+
+def test_held_out_problems_share_no_arithmetic_with_training():
+    params = {"seed": 0, "sft_examples": 4000, "midtrain_examples": 4000, "general_examples": 10,
+              "pretrain_examples": 600, "test_examples": 500, "validation_examples": 300}  # the tiny recipe's sizes
+    splits = build_splits(params)
+    trained = {_arithmetic(r["messages"][1]["content"]) for k in ("sft", "reasoning") for r in splits[k]}
+    trained |= {_arithmetic(r["chosen"][0]["content"]) for r in splits["prefs"]}
+    trained |= {_arithmetic(r["answer"]) for r in splits["gsm_train"]}  # the few-shot examples
+    test = {_arithmetic(r["answer"]) for r in splits["test"]}
+    validation = {_arithmetic(r["answer"]) for r in splits["validation"]}
+    assert len(test) > 100 and len(validation) > 100 and len(trained) > 3000
+    assert not test & trained and not validation & trained and not test & validation
+    # the RL prompts and the pretraining statements carry no worked answer: their stories give the operations
+    words = re.compile(r"\b(?:" + "|".join(NAMES + ITEMS) + r")s?\b")
+    held = {words.sub("", r["question"]) for r in splits["test"]}
+    assert not held & {words.sub("", r["prompt"][0]["content"]) for r in splits["rl"]}
 
 
 def test_gsm8k_validation_slice_is_held_out_of_every_gsm8k_mixture(tmp_path):

@@ -4,13 +4,20 @@ cached under `<cache_dir>/tiny-data-<hash>/<split>.jsonl`. Mixtures read them as
 Splits: `pretrain` (general text, problem statements, arithmetic facts), `sft` (chat problems
 with worked answers), `reasoning` (harder worked problems, chat), `arithmetic` (worked `<<a+b=c>>` drills),
 `general` (plain text), `test` and `validation` (held-out problems in GSM8K's columns `question` /
-`answer`, disjoint from each other and from all training splits; tasks tiny_gsm and tiny_gsm_val),
+`answer`; tasks tiny_gsm and tiny_gsm_val),
 `gsm_train` (the SFT problems in GSM8K's columns, for few-shot examples), `prefs` (prompt / chosen /
 rejected) and `rl` (prompt / answer).
+
+Held out means held out: a problem's arithmetic signature (start value, then each operation with its operand)
+decides its split family by a hash: a tenth of all signatures is the test's, another tenth the validation's,
+the rest training's. Test and validation problems therefore share no signature with each other or with any
+training problem (names and items alone never make a problem new); every training split, the pretraining
+text's problem statements included, draws only training signatures.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Callable
@@ -28,7 +35,7 @@ ANIMALS = ["cat", "dog", "bird", "fox", "horse", "rabbit", "duck", "goat"]
 ADJS = ["small", "happy", "quiet", "brown", "old", "quick", "lazy", "bright"]
 PLACES = ["in the garden", "by the river", "near the house", "on the hill", "in the park"]
 VERBS = ["sleeps", "runs", "sits", "plays", "waits", "eats", "walks", "looks around"]
-DATA_VERSION = 5  # bump when the generator changes, so caches are rebuilt
+DATA_VERSION = 6  # bump when the generator changes, so caches are rebuilt
 DATA_KEYS = ("seed", "sft_examples", "midtrain_examples", "general_examples", "pretrain_examples", "test_examples",
              "validation_examples")
 
@@ -56,7 +63,19 @@ def make_problem(rng: random.Random, steps: int) -> dict:
         work.append(f"{name} has {expr} = <<{expr}={new}>>{new} {item}s.")
         value = new
     question = " ".join(story) + f" How many {item}s does {name} have now?"
-    return {"question": question, "answer": "\n".join(work) + f"\n#### {value}", "result": value}
+    return {"question": question, "answer": "\n".join(work) + f"\n#### {value}", "result": value,
+            "signature": signature(work)}
+
+
+def signature(work: list[str]) -> str:
+    """The arithmetic of a worked answer without its names and items: `4*2|8+3|11-5` (each step's expression)."""
+    return "|".join(line.split("<<", 1)[1].split("=", 1)[0] for line in work)
+
+
+def family(sig: str) -> str:
+    """The split family of a signature: `test` (a tenth of them), `validation` (another tenth) or `train`."""
+    bucket = int(hashlib.sha256(sig.encode()).hexdigest(), 16) % 10
+    return {0: "test", 5: "validation"}.get(bucket, "train")
 
 
 def wrong_answer(rng: random.Random, problem: dict) -> str:
@@ -95,42 +114,35 @@ def _chat(problem: dict) -> dict:
                          {"role": "assistant", "content": problem["answer"]}]}
 
 
-def _held_out(rng: random.Random, n: int, seen: set[str]) -> list[dict]:
-    """`n` new problems in GSM8K's columns, none of whose questions is in `seen` (which they join)."""
-    out = []
+def draw(rng: random.Random, n: int, steps: Callable[[], int], split: str) -> list[dict]:
+    """`n` distinct problems whose signatures belong to `split`'s family (`family`)."""
+    out, questions = [], set()
     while len(out) < n:
-        problem = make_problem(rng, rng.randint(1, 3))
-        if problem["question"] not in seen:
-            seen.add(problem["question"])
-            out.append({"question": problem["question"], "answer": problem["answer"]})
+        problem = make_problem(rng, steps())
+        if family(problem["signature"]) == split and problem["question"] not in questions:
+            questions.add(problem["question"])
+            out.append(problem)
     return out
 
 
+def _gsm(problems: list[dict]) -> list[dict]:
+    return [{"question": p["question"], "answer": p["answer"]} for p in problems]
+
+
 def build_splits(params: dict) -> dict[str, list[dict]]:
-    """All synthetic splits for the given data parameters (deterministic in `params['seed']`).
-
-    `test` is drawn first and `validation` last, each disjoint from every other split's problems.
-    """
+    """All synthetic splits for the given data parameters (deterministic in `params['seed']`); `test` and
+    `validation` share no arithmetic signature with each other or with any training split (`family`)."""
     rng = random.Random(params["seed"])
-    seen: set[str] = set()
-    test = _held_out(rng, params["test_examples"], seen)
-
-    def fresh(n: int, steps: Callable[[], int]) -> list[dict]:
-        out = []
-        while len(out) < n:
-            problem = make_problem(rng, steps())
-            if problem["question"] not in seen:
-                out.append(problem)
-        return out
-
-    sft = fresh(params["sft_examples"], lambda: rng.randint(1, 3))
-    reasoning = fresh(params["midtrain_examples"], lambda: rng.randint(2, 3))
-    prefs = fresh(params["sft_examples"] // 4, lambda: rng.randint(1, 3))
-    rl = fresh(params["sft_examples"] // 4, lambda: rng.randint(1, 3))
+    steps = lambda: rng.randint(1, 3)  # noqa: E731
+    test = draw(rng, params["test_examples"], steps, "test")
+    sft = draw(rng, params["sft_examples"], steps, "train")
+    reasoning = draw(rng, params["midtrain_examples"], lambda: rng.randint(2, 3), "train")
+    prefs = draw(rng, params["sft_examples"] // 4, steps, "train")
+    rl = draw(rng, params["sft_examples"] // 4, steps, "train")
     pretrain = []
     for i in range(params["pretrain_examples"]):
         if i % 3 == 0:
-            pretrain.append({"text": fresh(1, lambda: rng.randint(1, 3))[0]["question"]})
+            pretrain.append({"text": draw(rng, 1, steps, "train")[0]["question"]})
         elif i % 3 == 1:
             a, b, k = rng.randint(0, 40), rng.randint(0, 9), rng.randint(2, 3)
             pretrain.append({"text": f"{a}+{b}={a + b}. {a + b}-{b}={a}. {b}*{k}={b * k}."})
@@ -142,15 +154,14 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
         "reasoning": [_chat(p) for p in reasoning],
         "general": [{"text": general_text(rng)} for _ in range(params["general_examples"])],
         "arithmetic": [{"text": arithmetic_drill(rng)} for _ in range(params["midtrain_examples"])],
-        "test": test,
-        "gsm_train": [{"question": p["question"], "answer": p["answer"]} for p in sft],
+        "test": _gsm(test),
+        "gsm_train": _gsm(sft),
         "prefs": [{"prompt": [{"role": "user", "content": p["question"]}],
                    "chosen": [{"role": "assistant", "content": p["answer"]}],
                    "rejected": [{"role": "assistant", "content": wrong_answer(rng, p)}]} for p in prefs],
         "rl": [{"prompt": [{"role": "user", "content": p["question"]}], "answer": str(p["result"])} for p in rl],
     }
-    seen |= {p["question"] for p in sft + reasoning + prefs + rl} | {row["text"] for row in pretrain}
-    return {**splits, "validation": _held_out(rng, params["validation_examples"], seen)}
+    return {**splits, "validation": _gsm(draw(rng, params["validation_examples"], steps, "validation"))}
 
 
 def tiny_dir(cache: Path, tiny: dict, seed: int) -> Path:
