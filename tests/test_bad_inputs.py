@@ -105,6 +105,24 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
+@pytest.fixture
+def restore_logging(monkeypatch):
+    """`main` sets up the "pipeline" logger and TQDM_DISABLE for its process: give both back afterwards."""
+    import logging
+
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    log = logging.getLogger("pipeline")
+    saved = list(log.handlers), log.level, log.propagate
+    yield
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        handler.close()
+    for handler in saved[0]:
+        log.addHandler(handler)
+    log.setLevel(saved[1])
+    log.propagate = saved[2]
+
+
 def _in_process(capsys, *argv: str) -> tuple[int, str]:
     """Run `pipeline/run.py`'s main in this process (one torch import for the whole table): (code, stderr)."""
     from pipeline.run import main
@@ -114,6 +132,7 @@ def _in_process(capsys, *argv: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("restore_logging")
 def test_every_bad_input_is_one_clear_line_with_exit_2(tmp_path, cache_dir, tiny_base, capsys):
     table = cases(tmp_path, tiny_base)
     seen = []
