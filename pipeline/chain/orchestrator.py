@@ -36,7 +36,9 @@ FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("padding_fractio
 
 def setup_logging(path: Path | None, main: bool) -> None:
     """Log to stderr (main process: info, others: warnings) and, on the main process, to `path`."""
-    log.handlers.clear()
+    for handler in list(log.handlers):
+        log.removeHandler(handler)
+        handler.close()
     log.setLevel(logging.INFO if main else logging.WARNING)
     log.propagate = False
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
@@ -135,9 +137,17 @@ class Run:
         if record.eval:
             metric = self.cfg[d.name].gate.metric
             previous = next(((c, m[metric]) for c, m in reversed(self.history) if metric in m), None)
+            scores, half = record.scores(), _gate_half(record)
+            if previous and half:  # a sweep picked this model on the other half: judge it on this one only
+                before, now = (stats.half_mean(eval_dir(p), metric, half) for p in (d.dir.parent / previous[0], d.dir))
+                if before and now:
+                    previous, scores = (previous[0], before[0]), {**scores, metric: now[0]}
             paired = stats.paired_difference(eval_dir(d.dir.parent / previous[0]), eval_dir(d.dir),
-                                             metric) if previous else None
-            verdict = gates.judge(self.cfg[d.name].gate, record.scores(), previous, paired)
+                                             metric, half) if previous else None
+            verdict = gates.judge(self.cfg[d.name].gate, scores, previous, paired)
+            if verdict and half:
+                verdict["problems"] = "gate half (odd doc_ids; the sweep picked on the even ones)"
+                verdict["reason"] += f"; judged on the {verdict['problems']}"
             self.history.append((d.dir.name, record.scores()))
         # the main process decides alone whether to write (a reused stage keeps its file untouched); every rank waits
         changed, record.gate = record.gate != verdict, verdict
@@ -153,6 +163,13 @@ class Run:
         with main_writes() as main:
             if main:
                 leaderboard.export([self.root], self.root)
+
+
+def _gate_half(record: StageRecord) -> str | None:
+    """`"gate"` when a sweep chose the stage's model among several candidates on the selection half of the
+    gate metric's problems (`stats.HALVES`), else None (the gate judges all of them)."""
+    m = record.metrics or {}
+    return "gate" if len(m.get("candidates") or []) > 1 and m.get("selection_problems") else None
 
 
 def _refuse_ppo_under_deepspeed(cfg: DictConfig) -> None:

@@ -6,8 +6,10 @@ metric only (`selection_settings`: validation; the selected model is then scored
 `soup.top_k` averages the K best, `merge` mixes the soup (or the best candidate) with an earlier stage's
 checkpoint; soup and merge compete as candidates too. Finished candidates are reused (by fingerprint).
 
-Selection: the highest value of the stage's gate metric wins; ties go to the candidate listed first (grid
-order: beta ascending, then learning rate ascending; then soup, then merge), so the simpler model wins a tie.
+Selection: the highest value of the stage's gate metric on the selection half of its problems (even
+doc_ids, `stats.HALVES`) wins; ties go to the candidate listed first (grid order: beta ascending, then
+learning rate ascending; then soup, then merge), so the simpler model wins a tie. The gate then judges the
+selected model on the other half only (the orchestrator), where the pick has not already favoured it.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ def is_sweep(stage: DictConfig) -> bool:
 
 
 def _value(record: StageRecord, metric: str) -> float:
-    return record.scores().get(metric, float("-inf"))
+    """The candidate's `metric` on the selection half of its problems (all of them without per-problem samples)."""
+    half = stats.half_mean(Path(record.output_model).parent / "eval", metric, "selection") if metric else None
+    return half[0] if half else record.scores().get(metric, float("-inf"))
 
 
 def _score(record: StageRecord, out: Path, evaluate: Evaluate) -> StageRecord:
@@ -130,11 +134,12 @@ def _soup_and_merge(ctx: StageContext, stage_fp: str, ranked: list[StageRecord],
     return extra
 
 
-def versus_input(stage: Path, candidate_eval: Path, metric: str) -> dict | None:
+def versus_input(stage: Path, candidate_eval: Path, metric: str, half: str | None = None) -> dict | None:
     """The paired difference of a scored candidate (its eval folder) to the stage's input checkpoint on
-    `metric`; None without a metric, an evaluated input checkpoint or shared problems."""
+    `metric` (on `half` of the problems when given); None without a metric, an evaluated input checkpoint or
+    shared problems."""
     source = input_stage(stage) if metric else None
-    return stats.paired_difference(eval_dir(source), candidate_eval, metric) if source else None
+    return stats.paired_difference(eval_dir(source), candidate_eval, metric, half) if source else None
 
 
 def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> Trained:
@@ -148,13 +153,16 @@ def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> T
         if main:
             with atomic_dir(ctx.stage_dir / "model") as tmp:
                 shutil.copytree(selected.output_model, tmp, dirs_exist_ok=True)
-    table = [{"candidate": r.candidate, metric or "metric": _value(r, metric),
-              "vs_input": versus_input(ctx.stage_dir, Path(r.output_model).parent / "eval", metric)}
+    table = [{"candidate": r.candidate, metric or "metric": r.scores().get(metric, float("-inf")),
+              "selection_half": _value(r, metric),
+              "vs_input": versus_input(ctx.stage_dir, Path(r.output_model).parent / "eval", metric, "selection")}
              for r in candidates]
-    log.info("selected candidate %s by %s: %s", selected.candidate, metric or "(single candidate)",
-             ", ".join(f"{row['candidate']}={row[metric or 'metric']:.4f}" for row in table))
+    half = stats.half_mean(Path(selected.output_model).parent / "eval", metric, "selection") if metric else None
+    log.info("selected candidate %s by %s on the selection half of its problems: %s", selected.candidate,
+             metric or "(single candidate)", ", ".join(f"{r['candidate']}={r['selection_half']:.4f}" for r in table))
     metrics = {**(selected.metrics or {}), "selected": selected.candidate,  # a soup or merge trained nothing
-               "selected_by": metric or None, "tie_rule": TIE_RULE, "candidates": table}
+               "selected_by": metric or None, "tie_rule": TIE_RULE, "candidates": table,
+               "selection_problems": half[1] if half else None}
     return Trained(metrics, selected.eval, _trained_with(ctx, selected))
 
 

@@ -6,6 +6,10 @@ problem by problem: d_i = b_i - a_i over the shared doc_ids, diff = mean(d), se 
 (the paired standard error; it is much smaller than the two unpaired stderrs combined when the
 checkpoints get mostly the same problems right), a 95% normal interval diff +- 1.96 se and the
 two-sided p-value of z = diff / se. For 0/1 metrics this z-test is the large-sample McNemar test.
+
+A sweep picks its model on one half of the validation problems and its gate judges it on the other
+(`HALVES`: even doc_ids select, odd doc_ids gate), so that the gate's estimate is not the winner's curse
+of the pick: the best of several candidates on the same problems scores above its true value there.
 """
 
 from __future__ import annotations
@@ -15,24 +19,32 @@ import math
 from pathlib import Path
 
 Z95 = 1.959964  # two-sided 95% normal quantile
+HALVES = {"selection": 0, "gate": 1}  # doc_id % 2 of each half of a swept stage's validation problems
 
 
-def per_problem(eval_dir: Path, metric: str) -> dict[int, float]:
-    """`{doc_id: value}` of `metric` (`<task>/<metric>,<filter>`) read from `eval_dir/samples_<task>.jsonl`;
-    empty when the file does not exist."""
+def per_problem(eval_dir: Path, metric: str, half: str | None = None) -> dict[int, float]:
+    """`{doc_id: value}` of `metric` (`<task>/<metric>,<filter>`) read from `eval_dir/samples_<task>.jsonl`,
+    only the problems of `half` (`HALVES`) when given; empty when the file does not exist."""
     task, _, rest = metric.partition("/")
     name, _, filt = rest.partition(",")
     path = Path(eval_dir) / f"samples_{task}.jsonl"
     if not path.is_file():
         return {}
     rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-    return {int(r["doc_id"]): float(r[name]) for r in rows if r.get("filter", "none") == filt and name in r}
+    values = {int(r["doc_id"]): float(r[name]) for r in rows if r.get("filter", "none") == filt and name in r}
+    return values if half is None else {i: v for i, v in values.items() if i % 2 == HALVES[half]}
 
 
-def paired_difference(a_dir: Path, b_dir: Path, metric: str) -> dict | None:
-    """`b - a` on the problems both eval folders scored: {diff, se, ci_low, ci_high, n, p_value}
-    (95% normal interval, two-sided p); None when they share no problem for `metric`."""
-    a, b = per_problem(a_dir, metric), per_problem(b_dir, metric)
+def half_mean(eval_dir: Path, metric: str, half: str) -> tuple[float, int] | None:
+    """(mean of `metric`, problems) on `half` of the problems of `eval_dir`; None without per-problem samples."""
+    values = per_problem(eval_dir, metric, half)
+    return (sum(values.values()) / len(values), len(values)) if values else None
+
+
+def paired_difference(a_dir: Path, b_dir: Path, metric: str, half: str | None = None) -> dict | None:
+    """`b - a` on the problems both eval folders scored (only `half` of them when given): {diff, se, ci_low,
+    ci_high, n, p_value} (95% normal interval, two-sided p); None when they share no problem for `metric`."""
+    a, b = per_problem(a_dir, metric, half), per_problem(b_dir, metric, half)
     shared = sorted(set(a) & set(b))
     n = len(shared)
     if n == 0:
