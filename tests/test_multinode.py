@@ -1,5 +1,5 @@
 """Two "machines" on this host: the tiny chain (SFT, mid-training with LoRA) under two launchers with
-`--num_machines 2 --machine_rank {0,1} --main_process_ip 127.0.0.1`, one process each, over gloo (PLATFORM.md),
+`--num_machines 2 --machine_rank {0,1} --main_process_ip 127.0.0.1`, one process each, over gloo (docs/cluster.md),
 matches one process with 2 gradient-accumulation steps, as tests/test_distributed.py's one-launcher test does.
 
 Run twice: with `accelerate launch` as the README gives it, and with the exact command each node of a Slurm
