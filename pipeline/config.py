@@ -152,7 +152,7 @@ class TrainConfig(OptimConfig):
     packing: bool = arg("pack several rows into each sequence", True)
     packing_strategy: str = arg("bfd | bfd_split | wrapped", "bfd")
     assistant_only_loss: bool = arg("train only on assistant turns (needs format=chat)", True)
-    sampling: str = arg("random | group_by_length: batches of similar lengths, less padding (see README) | "
+    sampling: str = arg("random | group_by_length: batches of similar lengths, less padding (see docs/telemetry.md) | "
                         "batch_rebalance: each optimizer step's rows drawn at random, then sorted by length into its "
                         "gradient-accumulation micro-batches (transformers' BatchRebalanceSampler): less padding, "
                         "the same rows per step", "random")

@@ -1,4 +1,4 @@
-"""The run folder (see DESIGN.md): its paths, the typed stage record in `stage.json`, reuse by
+"""The run folder (see docs/ARCHITECTURE.md): its paths, the typed stage record in `stage.json`, reuse by
 fingerprint, and what the orchestrator hands a stage.
 
     <output_root>/<run_name>/stages/00-base/stage.json           the base model's evaluation

@@ -4,7 +4,7 @@ under each config of recipes/accelerate/ (DDP, ZeRO-2, ZeRO-3, ZeRO-3 with CPU o
 Like TRL's invariant tests: 2 processes x micro-batch b must give the loss curve of 1 process x micro-batch b
 x 2 gradient-accumulation steps (the same samples per optimizer step), within LOSS_TOL per logged step; every
 config is held to the same one-process reference, so ZeRO-2/3 also match DDP. Each run records the world
-size the trainer itself saw (PLATFORM.md's silent trap: two world-size-1 trainings raise no error) and hands
+size the trainer itself saw (docs/cluster.md's silent trap: two world-size-1 trainings raise no error) and hands
 over full HF checkpoints (mid-training trains LoRA, merged at the handoff; under ZeRO-3 from the shards).
 Measured on 2 CPU cores: DDP equal to the reference to the last bit, ZeRO-2/3 within 5e-7 per step (weights
 1e-6), ZeRO-3 with offload (DeepSpeed's CPU Adam) within 7e-6 (weights 9e-6).

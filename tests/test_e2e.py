@@ -38,7 +38,7 @@ def test_run_folder_matches_the_contract(tiny_run):
     manifest = json.loads((run / "manifest.json").read_text())
     assert {"code", "packages", "hardware", "data", "seeds"} <= set(manifest)
     assert manifest["packages"]["trl"] and set(manifest["data"]) == {"sft", "midtrain"}
-    # the CPU's kernels shape fp32 results (README, 'The tiny recipe's figures'): the manifest names them
+    # the CPU's kernels shape fp32 results (README, 'Results'): the manifest names them
     assert manifest["hardware"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert manifest["hardware"]["cpu"]
     assert sorted(p.name for p in (run / "stages").iterdir()) == ["00-base", "01-sft", "02-midtrain"]

@@ -1,8 +1,8 @@
 """Two "machines" on this host: the tiny chain (SFT, mid-training with LoRA) under two launchers with
-`--num_machines 2 --machine_rank {0,1} --main_process_ip 127.0.0.1`, one process each, over gloo (PLATFORM.md),
+`--num_machines 2 --machine_rank {0,1} --main_process_ip 127.0.0.1`, one process each, over gloo (docs/cluster.md),
 matches one process with 2 gradient-accumulation steps, as tests/test_distributed.py's one-launcher test does.
 
-Run twice: with `accelerate launch` as the README gives it, and with the exact command each node of a Slurm
+Run twice: with `accelerate launch` as docs/cluster.md gives it, and with the exact command each node of a Slurm
 job runs (slurm/node.sh, which slurm/launch.sh starts on every node with srun), for SLURM_NNODES=2 and
 SLURM_NODEID=0 / 1, with the main address 127.0.0.1 (what launch.sh takes from the job's node list).
 

@@ -1,4 +1,4 @@
-"""The Slurm batch scripts (slurm/) against a real single-node Slurm started here (PLATFORM.md, "Slurm").
+"""The Slurm batch scripts (slurm/) against a real single-node Slurm started here (docs/cluster.md, "Slurm").
 
 Needs root and Debian's `slurm-wlm` and `munge` (`.ci/run` installs them); without them the tests
 are skipped, except in CI (`CI` set), where they fail. The node has 2 CPUs and no GPUs, so every job

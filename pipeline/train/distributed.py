@@ -29,7 +29,7 @@ def process_state(timeout_s: int) -> PartialState:
     """The process group, created once per process before any trainer, with collectives timing out after
     `timeout_s` (every trainer reuses this group: their own `ddp_timeout` never applies).
 
-    DeepSpeed without CUDA (PLATFORM.md): accelerate would pick no backend and fill DeepSpeed's "auto"
+    DeepSpeed without CUDA (docs/cluster.md): accelerate would pick no backend and fill DeepSpeed's "auto"
     batch sizes for a world size of 1, so the state is created over gloo first and every trainer
     reuses it (`trainer_state_args`). Otherwise a plain state (CPU processes over gloo when there is no GPU).
     """

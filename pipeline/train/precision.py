@@ -77,8 +77,8 @@ def matmul_precision(value: str) -> Iterator[None]:
     """While inside, fp32 matrix products run at `value` (`torch.set_float32_matmul_precision`); restored after.
 
     `medium` computes them from bf16 inputs with fp32 sums (AMX / avx512_bf16 on CPU, tensor cores on GPU); the
-    weights, activations and optimizer states stay fp32. On CPU sdpa's fused attention slows down under it
-    (measured 2026-12-01: its backward took 3.7x as long), so pair it with `attn_implementation=eager` there.
+    weights, activations and optimizer states stay fp32. On CPU sdpa's fused attention backward becomes several
+    times slower under it, so pair it with `attn_implementation=eager` there.
     """
     saved = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(value)
