@@ -31,6 +31,9 @@ from pipeline.chain.outcome import NAMES
 RUN_SCRIPT = Path(__file__).resolve().with_name("run.py")
 RECIPE_ARG = re.compile(r"^[A-Za-z_][\w.\-]*=")
 USAGE = "smol-pipeline [accelerate launch options] [--] recipe=NAME [key=value ...]"
+# the launcher options `--help` shows (accelerate's own help text); `accelerate launch --help` lists them all
+COMMON_OPTIONS = ("--config_file", "--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
+                  "--main_process_port", "--gpu_ids")
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -86,15 +89,32 @@ def log_hint(recipe: list[str]) -> str:
     return f"; log: {path}" if path.is_file() else ""
 
 
+def launcher_help(parser: object) -> str:
+    """The common launcher options of accelerate's `parser`, one line each, and where the rest are."""
+    actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    lines = [f"  {name:<21} {(actions[name].help or '').split('. ')[0].rstrip('.')}" for name in COMMON_OPTIONS]
+    return "\n".join(["Launcher options (accelerate launch; all of them: accelerate launch --help):", *lines])
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Launch `pipeline/run.py` through accelerate's launcher; return the pipeline's own exit code."""
+    """Launch `pipeline/run.py` through accelerate's launcher; return the pipeline's own exit code. `--help` and
+    `help=true` are answered here, without a launch."""
+    from pipeline import run
+
+    options, recipe = split_args(sys.argv[1:] if argv is None else argv)
+    if any(arg.partition("=")[0] == "help" for arg in recipe):
+        return run.main(recipe)
+    if bad := run.config_error(recipe):  # before the launcher's own messages and its processes
+        return bad
     from accelerate.commands import launch as accelerate_launch
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    options, recipe = split_args(sys.argv[1:] if argv is None else argv)
     parser = launch_command_parser()
+    if {"-h", "--help"} & set(options):
+        print(f"{run.usage()}\n\n{launcher_help(parser)}")
+        return 0
     parser.prog, parser.usage = "smol-pipeline", USAGE
     args = parser.parse_args([*options, str(RUN_SCRIPT), *recipe])
     args.quiet = False  # --quiet makes the launchers exit 1 instead of raising the child's code
