@@ -9,7 +9,9 @@ parses the same options with accelerate's `launch_command_parser`, runs `launch_
 `pipeline/run.py`, and answers with the code the pipeline itself exited with: 0, 2 bad input, 3 a
 gate stop, 75 preempted, 1 a crash (a process killed by signal N: 128 + N), from the first process
 that failed. Launch options come first; the first `key=value` argument (or whatever follows `--`)
-starts the recipe arguments.
+starts the recipe arguments. `--help` prints the pipeline's usage and the common launch options, `help=true
+[recipe=NAME ...]` the recipe's keys, both without launching; a config that does not load (exit 2) stops here
+too, before the launcher's own messages.
 
 SIGTERM and SIGUSR1 sent to this launcher are passed on to the pipeline processes (which save a
 checkpoint and exit 75), and the launcher waits for them: torch elastic is told to leave SIGTERM alone
@@ -104,17 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     options, recipe = split_args(sys.argv[1:] if argv is None else argv)
     if any(arg.partition("=")[0] == "help" for arg in recipe):
         return run.main(recipe)
-    if bad := run.config_error(recipe):  # before the launcher's own messages and its processes
-        return bad
     from accelerate.commands import launch as accelerate_launch
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     parser = launch_command_parser()
-    if {"-h", "--help"} & set(options):
+    if {"-h", "--help"} & {*options, *recipe}:
         print(f"{run.usage()}\n\n{launcher_help(parser)}")
         return 0
+    if bad := run.config_error(recipe):  # before the launcher's own messages and its processes
+        return bad
     parser.prog, parser.usage = "smol-pipeline", USAGE
     args = parser.parse_args([*options, str(RUN_SCRIPT), *recipe])
     args.quiet = False  # --quiet makes the launchers exit 1 instead of raising the child's code
