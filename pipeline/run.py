@@ -60,8 +60,8 @@ Exit codes: 0 finished; 1 crashed (traceback in <run>/pipeline.log); 2 bad confi
 case but 2, rerunning the same command resumes.
 
 Examples:
-  smol-pipeline                                          the tiny demo on CPU, minutes
-  smol-pipeline recipe=tiny stages=[sft] sft.max_steps=50
+  smol-pipeline                                          the default recipe, {default}: on CPU, minutes
+  smol-pipeline recipe={default} stages=[sft] sft.max_steps=50
   smol-pipeline help=true recipe=smollm2                 the recipe's settings
   smol-pipeline recipe=smol plan=true                    tokens and GPU hours, before a cluster run
   smol-pipeline --config_file recipes/accelerate/zero3.yaml --num_processes 8 recipe=smol"""
