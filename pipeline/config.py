@@ -371,17 +371,6 @@ def _show(value: Any) -> str:
     return value if isinstance(value, str) and value else repr(value)
 
 
-# `report_to` trackers transformers supports -> the modules each needs ("a|b": either) and the pip package of each
-TRACKERS: dict[str, tuple[tuple[str, str], ...]] = {
-    "tensorboard": (("tensorboard|tensorboardX", "tensorboard"),), "wandb": (("wandb", "wandb"),),
-    "trackio": (("trackio", "trackio"),), "mlflow": (("mlflow", "mlflow"),), "comet_ml": (("comet_ml", "comet-ml"),),
-    "neptune": (("neptune", "neptune"),), "clearml": (("clearml", "clearml"),),
-    "codecarbon": (("codecarbon", "codecarbon"),), "dvclive": (("dvclive", "dvclive"),),
-    "swanlab": (("swanlab", "swanlab"),), "azure_ml": (("azureml", "azureml-core"),),
-    "dagshub": (("dagshub", "dagshub"), ("mlflow", "mlflow")), "flyte": (("flytekit", "flytekit"),), "kubeflow": (),
-}
-
-
 def _is_section(value: Any) -> bool:
     return isinstance(value, DictConfig) and is_dataclass(OmegaConf.get_type(value))
 
@@ -409,8 +398,9 @@ def describe(cfg: DictConfig) -> str:
     runs = [n for n in cfg.stages if cfg[n].enabled]
     others = [n for n in STAGE_KINDS if n not in runs]
     top = RunConfig.__dataclass_fields__
-    lines = [f"recipe {cfg.recipe}: stages {', '.join(runs)} (the keys of {', '.join(others)} appear when stages=[...] "
-             "runs them)", *[_leaf(n, cfg[n], f) for n, f in top.items() if not _is_section(cfg[n])]]
+    hidden = f" (the keys of {', '.join(others)} appear when stages=[...] runs them)" if others else ""
+    lines = [f"recipe {cfg.recipe}: stages {', '.join(runs)}{hidden}",
+             *[_leaf(n, cfg[n], f) for n, f in top.items() if not _is_section(cfg[n])]]
     sections = [n for n in top if _is_section(cfg[n]) and n not in STAGE_KINDS] + runs
     for name in sections:
         lines += _section(cfg[name], name, top[name].metadata["help"])
@@ -594,6 +584,17 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"'{name}.lora.r' must be >= 0")
     _validate_dpo(cfg)
     _validate_trackers(list(cfg.report_to))
+
+
+# `report_to` trackers transformers supports -> the modules each needs ("a|b": either) and the pip package of each
+TRACKERS: dict[str, tuple[tuple[str, str], ...]] = {
+    "tensorboard": (("tensorboard|tensorboardX", "tensorboard"),), "wandb": (("wandb", "wandb"),),
+    "trackio": (("trackio", "trackio"),), "mlflow": (("mlflow", "mlflow"),), "comet_ml": (("comet_ml", "comet-ml"),),
+    "neptune": (("neptune", "neptune"),), "clearml": (("clearml", "clearml"),),
+    "codecarbon": (("codecarbon", "codecarbon"),), "dvclive": (("dvclive", "dvclive"),),
+    "swanlab": (("swanlab", "swanlab"),), "azure_ml": (("azureml", "azureml-core"),),
+    "dagshub": (("dagshub", "dagshub"), ("mlflow", "mlflow")), "flyte": (("flytekit", "flytekit"),), "kubeflow": (),
+}
 
 
 def _installed(modules: str) -> bool:

@@ -80,8 +80,8 @@ def test_a_tracker_whose_package_is_missing_exits_2_before_anything_runs(tracker
 def test_smol_pipeline_refuses_a_missing_tracker_in_one_line(tmp_path):
     """Through the real command (the launcher checks the config before it launches), with a tracker whose package
     this environment really lacks."""
-    absent = next((name for name, needs in TRACKERS.items() if needs and not all(
-        importlib.util.find_spec(m.split("|")[0]) for m, _ in needs)), None)
+    absent = next((name for name, needs in TRACKERS.items() if not all(
+        any(importlib.util.find_spec(m) for m in modules.split("|")) for modules, _ in needs)), None)
     if absent is None:
         missing("every tracker's package is installed")
     proc = subprocess.run([sys.executable, "-m", "pipeline.launch", f"output_root={tmp_path}", f"report_to=[{absent}]"],
