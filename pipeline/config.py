@@ -8,6 +8,7 @@ error here is a `ConfigError` with a one-line message naming the key, raised bef
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import itertools
 import typing
 from collections.abc import Callable, Iterable
@@ -15,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -347,20 +348,65 @@ CHOICES = {
 }
 
 
-def _describe(node: Any, prefix: str) -> list[str]:
-    lines = []
-    for f in fields(node):
-        value = getattr(node, f.name)
-        if is_dataclass(value):
-            lines += [f"\n{prefix}{f.name}: {f.metadata['help']}", *_describe(value, f"{prefix}{f.name}.")]
-        else:
-            lines.append(f"  {prefix}{f.name} ({f.type}, default {value!r}): {f.metadata['help']}")
+def _kind(hint: Any) -> str:
+    """A field's type in words (`help=true`), not as a Python type."""
+    text = str(hint)
+    for word, kind in (("list", "list"), ("dict", "mapping"), ("bool", "true/false"), ("int", "integer"),
+                       ("float", "number"), ("str", "text")):
+        if word in text:
+            return kind
+    return "any value"
+
+
+def _show(value: Any) -> str:
+    """A config value as an override writes it: true, null, 0.002, [a, b], ''."""
+    if isinstance(value, DictConfig | ListConfig):
+        value = OmegaConf.to_container(value)
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_show(v)}" for k, v in value.items()) + "}"
+    return value if isinstance(value, str) and value else repr(value)
+
+
+def _is_section(value: Any) -> bool:
+    return isinstance(value, DictConfig) and is_dataclass(OmegaConf.get_type(value))
+
+
+def _leaf(key: str, value: Any, field_: Any) -> str:
+    return f"  {key}={_show(value)}  ({_kind(field_.type)}) {field_.metadata.get('help', '')}"
+
+
+def _section(node: DictConfig, key: str, text: str) -> list[str]:
+    """A config section's lines: its values, then its subsections; one line when every value is null."""
+    values = OmegaConf.to_container(node)
+    if all(v is None for v in values.values()):
+        return [f"  {key}.*=null  {text}; keys: {', '.join(values)}"]
+    schema_fields = {f.name: f for f in fields(OmegaConf.get_type(node))}
+    lines = [f"\n{key}: {text}"]
+    lines += [_leaf(f"{key}.{n}", node[n], f) for n, f in schema_fields.items() if not _is_section(node[n])]
+    for name in [n for n in schema_fields if _is_section(node[n])]:
+        lines += _section(node[name], f"{key}.{name}", schema_fields[name].metadata.get("help", ""))
     return lines
 
 
-def describe() -> str:
-    """Every config key (dotted, as overrides name it) with its type, default and help text."""
-    return "\n".join(_describe(RunConfig(), ""))
+def describe(cfg: DictConfig) -> str:
+    """Every key of the loaded config `cfg` (dotted, as overrides name it) with its value, type and help text; of
+    the stage sections, only those of the stages `cfg` runs, in its order."""
+    runs = [n for n in cfg.stages if cfg[n].enabled]
+    others = [n for n in STAGE_KINDS if n not in runs]
+    top = RunConfig.__dataclass_fields__
+    hidden = f" (the keys of {', '.join(others)} appear when stages=[...] runs them)" if others else ""
+    lines = [f"recipe {cfg.recipe}: stages {', '.join(runs)}{hidden}",
+             *[_leaf(n, cfg[n], f) for n, f in top.items() if not _is_section(cfg[n])]]
+    sections = [n for n in top if _is_section(cfg[n]) and n not in STAGE_KINDS] + runs
+    for name in sections:
+        lines += _section(cfg[name], name, top[name].metadata["help"])
+    for name in [n for n in cfg if n not in top]:
+        lines += _section(cfg[name], name, f"settings of the recipe extension {cfg.extension}")
+    return "\n".join(lines)
 
 
 def available_recipes() -> list[str]:
@@ -368,24 +414,68 @@ def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """"; did you mean 'X'?" for the choice closest to a mistyped `word`; empty when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice a mistyped `word` most likely means: one whose initials it is (lr: learning_rate), then one that
+    contains it (epochs: num_train_epochs), then the closest spelling; None when none is close."""
+    choices = list(choices)
+    for match in (lambda c: len(word) > 1 and word == "".join(part[:1] for part in c.split("_")),
+                  lambda c: len(word) > 3 and word in c):
+        found = [c for c in choices if match(c)]
+        if found:
+            return min(found, key=len)
+    close = difflib.get_close_matches(word, choices, n=1)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """"; did you mean 'X'?" for the choice closest to a mistyped `word` (named `prefix` + choice); empty when none
+    is close."""
+    match = closest(word, choices)
+    return f"; did you mean '{prefix}{match}'?" if match else ""
+
+
+def _keys(node: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a config node, sections included."""
+    if not isinstance(node, DictConfig):
+        return []
+    return [k for key in node for k in (f"{prefix}{key}", *_keys(node[key], f"{prefix}{key}."))]
 
 
 def _suggest(cfg: DictConfig, full_key: str) -> str:
+    """The full dotted key a mistyped `full_key` most likely means: one of the same section first, then any key
+    with that last part, then any key; else the section's keys."""
     parent_key, _, leaf = full_key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-    keys = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
-    return did_you_mean(leaf, keys) or f"; valid keys: {', '.join(keys)}"
+    keys = [str(k) for k in parent] if isinstance(parent, DictConfig) else []
+    if hint := did_you_mean(leaf, keys, f"{parent_key}." if parent_key else ""):
+        return hint
+    everywhere = _keys(cfg)
+    by_leaf = {k: k.rpartition(".")[2] for k in everywhere}
+    if match := closest(leaf, set(by_leaf.values())):
+        return f"; did you mean '{next(k for k, v in by_leaf.items() if v == match)}'?"
+    if hint := did_you_mean(full_key, everywhere):
+        return hint
+    where = f" of '{parent_key}'" if parent_key else ""
+    return f"; valid keys{where}: {', '.join(keys)}" if keys else "; help=true lists every key"
+
+
+# OmegaConf's messages about a value of the wrong type (they name its classes) -> what the key takes, in words
+EXPECTED = (("to Float", "a number"), ("to Integer", "a whole number"), ("valid bool", "true or false"),
+            ("ListConfig", "a list, e.g. [a,b]"), ("to Dict", "a mapping, e.g. {a: 1}"))
 
 
 def explain_error(cfg: DictConfig, err: OmegaConfBaseException, where: str) -> ConfigError:
+    """A one-line error for OmegaConf's `err` on key `err.full_key`: an unknown key with a suggestion, or a bad
+    value with what the key takes."""
     key = err.full_key or "?"
     if isinstance(err, (ConfigKeyError, ConfigAttributeError)):
         return ConfigError(f"unknown config key '{key}' in {where}{_suggest(cfg, key)}")
     msg = str(err).splitlines()[0]
+    if "is not a subclass of" in msg:
+        return ConfigError(f"'{key}' in {where} is a section, not a value: set its keys ({key}.KEY=value)")
+    expected = next((words for marker, words in EXPECTED if marker in msg), None)
+    if expected is not None:
+        msg = f"'{_show(err.value)}' is not {expected}"
     return ConfigError(f"bad value for '{key}' in {where}: {msg}")
 
 
@@ -493,6 +583,38 @@ def validate(cfg: DictConfig) -> None:
         if stage.lora.r < 0:
             raise ConfigError(f"'{name}.lora.r' must be >= 0")
     _validate_dpo(cfg)
+    _validate_trackers(list(cfg.report_to))
+
+
+# `report_to` trackers transformers supports -> the modules each needs ("a|b": either) and the pip package of each
+TRACKERS: dict[str, tuple[tuple[str, str], ...]] = {
+    "tensorboard": (("tensorboard|tensorboardX", "tensorboard"),), "wandb": (("wandb", "wandb"),),
+    "trackio": (("trackio", "trackio"),), "mlflow": (("mlflow", "mlflow"),), "comet_ml": (("comet_ml", "comet-ml"),),
+    "neptune": (("neptune", "neptune"),), "clearml": (("clearml", "clearml"),),
+    "codecarbon": (("codecarbon", "codecarbon"),), "dvclive": (("dvclive", "dvclive"),),
+    "swanlab": (("swanlab", "swanlab"),), "azure_ml": (("azureml", "azureml-core"),),
+    "dagshub": (("dagshub", "dagshub"), ("mlflow", "mlflow")), "flyte": (("flytekit", "flytekit"),), "kubeflow": (),
+}
+
+
+def _installed(modules: str) -> bool:
+    """Whether one of the modules `a|b` can be imported (found on the path; nothing is imported)."""
+    return any(importlib.util.find_spec(module) is not None for module in modules.split("|"))
+
+
+def _validate_trackers(names: list[str]) -> None:
+    """Refuse a `report_to` tracker transformers does not know, or one whose package is not installed: the run
+    would otherwise fail when its first trainer is built."""
+    for name in names:
+        if name in ("all", "none"):
+            continue
+        if name not in TRACKERS:
+            raise ConfigError(f"unknown tracker '{name}' in report_to{did_you_mean(name, TRACKERS)} (available: "
+                              f"{', '.join(TRACKERS)}, all, none)")
+        for modules, package in TRACKERS[name]:
+            if not _installed(modules):
+                raise ConfigError(f"report_to lists {name}, but the {package} package is not installed: "
+                                  f"pip install {package}")
 
 
 def _validate_dpo(cfg: DictConfig) -> None:

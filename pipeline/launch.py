@@ -9,7 +9,9 @@ parses the same options with accelerate's `launch_command_parser`, runs `launch_
 `pipeline/run.py`, and answers with the code the pipeline itself exited with: 0, 2 bad input, 3 a
 gate stop, 75 preempted, 1 a crash (a process killed by signal N: 128 + N), from the first process
 that failed. Launch options come first; the first `key=value` argument (or whatever follows `--`)
-starts the recipe arguments.
+starts the recipe arguments. `--help` prints the pipeline's usage and the common launch options, `help=true
+[recipe=NAME ...]` the recipe's keys, both without launching; a config that does not load (exit 2) stops here
+too, before the launcher's own messages.
 
 SIGTERM and SIGUSR1 sent to this launcher are passed on to the pipeline processes (which save a
 checkpoint and exit 75), and the launcher waits for them: torch elastic is told to leave SIGTERM alone
@@ -31,6 +33,9 @@ from pipeline.chain.outcome import NAMES
 RUN_SCRIPT = Path(__file__).resolve().with_name("run.py")
 RECIPE_ARG = re.compile(r"^[A-Za-z_][\w.\-]*=")
 USAGE = "smol-pipeline [accelerate launch options] [--] recipe=NAME [key=value ...]"
+# the launcher options `--help` shows (accelerate's own help text); `accelerate launch --help` lists them all
+COMMON_OPTIONS = ("--config_file", "--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
+                  "--main_process_port", "--gpu_ids")
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -86,15 +91,32 @@ def log_hint(recipe: list[str]) -> str:
     return f"; log: {path}" if path.is_file() else ""
 
 
+def launcher_help(parser: object) -> str:
+    """The common launcher options of accelerate's `parser`, one line each, and where the rest are."""
+    actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    lines = [f"  {name:<21} {(actions[name].help or '').split('. ')[0].rstrip('.')}" for name in COMMON_OPTIONS]
+    return "\n".join(["Launcher options (accelerate launch; all of them: accelerate launch --help):", *lines])
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Launch `pipeline/run.py` through accelerate's launcher; return the pipeline's own exit code."""
+    """Launch `pipeline/run.py` through accelerate's launcher; return the pipeline's own exit code. `--help` and
+    `help=true` are answered here, without a launch."""
+    from pipeline import run
+
+    options, recipe = split_args(sys.argv[1:] if argv is None else argv)
+    if any(arg.partition("=")[0] == "help" for arg in recipe):
+        return run.main(recipe)
     from accelerate.commands import launch as accelerate_launch
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    options, recipe = split_args(sys.argv[1:] if argv is None else argv)
     parser = launch_command_parser()
+    if {"-h", "--help"} & {*options, *recipe}:
+        print(f"{run.usage()}\n\n{launcher_help(parser)}")
+        return 0
+    if bad := run.config_error(recipe):  # before the launcher's own messages and its processes
+        return bad
     parser.prog, parser.usage = "smol-pipeline", USAGE
     args = parser.parse_args([*options, str(RUN_SCRIPT), *recipe])
     args.quiet = False  # --quiet makes the launchers exit 1 instead of raising the child's code

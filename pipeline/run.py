@@ -1,5 +1,6 @@
 """Entry point: `accelerate launch pipeline/run.py recipe=NAME [key=value ...]` (or `smol-pipeline`, which
-launches this file and keeps its exit code: pipeline/launch.py); `help=true` or `--help` lists every key.
+launches this file and keeps its exit code: pipeline/launch.py); `--help` prints the usage (`USAGE`), `help=true
+[recipe=NAME key=value ...]` every key with its value in that recipe.
 
 Exit codes: 0 every stage passed; 2 bad config or bad input; 3 a gate stopped the chain; 75 a
 preemption signal (SIGTERM / SIGUSR1) made it save and stop; 1 a crash (its traceback is appended
@@ -19,10 +20,68 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
-from pipeline.config import ConfigError, describe, load_config  # noqa: E402
+from pipeline.config import (  # noqa: E402
+    DEFAULT_RECIPE,
+    STAGE_KINDS,
+    ConfigError,
+    available_recipes,
+    describe,
+    load_config,
+)
 
 EXIT_BAD_INPUT = 2
 BAD_INPUT_GRACE_S = 10  # how long a rank other than the main one waits before it exits on bad input
+
+
+USAGE = """\
+usage: smol-pipeline [launcher options] [--] [recipe=NAME] [key=value ...]
+       python pipeline/run.py [recipe=NAME] [key=value ...]      (one process, no launcher)
+
+Trains a chain of post-training stages (sft, midtrain, dpo, reward, ppo, grpo) on a base model, evaluates each
+checkpoint and checks its gate; the run folder is <output_root>/<run_name> (runs/<recipe> by default), with
+leaderboard.html and pipeline.log in it. Rerunning the same command resumes.
+
+Recipes (recipe=NAME, recipes/NAME.yaml; default {default}):
+{recipes}
+
+Common overrides (dotted keys over the recipe):
+  stages=[sft,dpo]                 the stages to run, in order
+  sft.learning_rate=1e-4           a stage's setting: <stage>.<key> (sft.max_steps=50, dpo.beta=0.1, ...)
+  model.name_or_path=HuggingFaceTB/SmolLM2-135M-Instruct   the base model: a Hub id or a local checkpoint
+  output_root=/scratch/runs        where run folders go; run_name=try2 names this one
+  eval.tasks=[gsm8k] eval.limit=200   what each checkpoint is scored on
+  report_to=[tensorboard]          experiment tracking (its package must be installed)
+  redo=[dpo]                       retrain a finished stage and the ones after it
+  plan=true                        print what the run would do and its cost; trains nothing
+  help=true                        every key with its value in this recipe: help=true recipe=NAME [key=value ...]
+
+Exit codes: 0 finished; 1 crashed (traceback in <run>/pipeline.log); 2 bad config or input (one line
+"error: ..."); 3 a gate stopped the chain; 75 preempted (SIGTERM / SIGUSR1; checkpoint saved). In every
+case but 2, rerunning the same command resumes.
+
+Examples:
+  smol-pipeline                                          the default recipe, {default}: on CPU, minutes
+  smol-pipeline recipe={default} stages=[sft] sft.max_steps=50
+  smol-pipeline help=true recipe=smollm2                 the recipe's settings
+  smol-pipeline recipe=smol plan=true                    tokens and GPU hours, before a cluster run
+  smol-pipeline --config_file recipes/accelerate/zero3.yaml --num_processes 8 recipe=smol"""
+
+
+def usage() -> str:
+    """The pipeline's own usage: recipes, common overrides, `help=true`, exit codes, examples."""
+    return USAGE.format(default=DEFAULT_RECIPE, recipes="\n".join(_recipe_line(r) for r in available_recipes()))
+
+
+def _recipe_line(name: str) -> str:
+    """`  NAME  model M; stages a, b, c` for a shipped recipe, from its resolved config."""
+    try:
+        cfg = load_config([f"recipe={name}"])
+    except ConfigError as err:
+        return f"  {name:<9} (does not load: {err})"
+    stages = ", ".join(s for s in cfg.stages if cfg[s].enabled)
+    model = cfg.model.name_or_path
+    model = f"{model}, built locally" if model in cfg and model not in ("model", *STAGE_KINDS) else model
+    return f"  {name:<9} model {model}; stages {stages}"
 
 
 def _main_process() -> bool:
@@ -34,11 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not sys.stderr.isatty() or not _main_process():
         os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars only on a terminal, on the main process
-    if {"--help", "-h", "help=true"} & set(argv):
-        print(f"{__doc__}\nConfig keys (key=value overrides; recipes/NAME.yaml sets them too):\n{describe()}")
+    if {"--help", "-h"} & set(argv):
+        print(usage())
         return 0
+    asks_help = [arg for arg in argv if arg.partition("=")[0] == "help"]
+    argv = [arg for arg in argv if arg not in asks_help]
     try:
         cfg = load_config(argv)
+        if any(arg.partition("=")[2].lower() not in ("false", "0", "no") for arg in asks_help):
+            print(describe(cfg))
+            return 0
         if cfg.plan.enabled:  # dry run: print the plan, load nothing
             from pipeline.chain.plan import report
 
@@ -91,6 +155,15 @@ def run(cfg, argv: list[str]) -> int:
     if main:
         outcome.finish(code, reason)
     return code
+
+
+def config_error(argv: list[str]) -> int:
+    """0 when `argv` loads as a config; else say the error and return its exit code (2)."""
+    try:
+        load_config(argv)
+    except ConfigError as err:
+        return _bad_input(err)
+    return 0
 
 
 def _bad_input(err: ConfigError) -> int:

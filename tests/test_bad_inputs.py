@@ -65,7 +65,7 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
     blocker = tmp / "a_file"
     blocker.write_text("x")
     return {
-        "unknown key": (["sft.learnin_rate=1"], "did you mean 'learning_rate'"),
+        "unknown key": (["sft.learnin_rate=1"], "did you mean 'sft.learning_rate'"),
         "wrong type": (["sft.max_steps=many"], "bad value for 'sft.max_steps'"),
         "unknown recipe": (["recipe=nope"], "unknown recipe 'nope'; available:"),
         "unknown stage kind": (["stages=[sft,rlhf]"], "unknown stage 'rlhf'"),

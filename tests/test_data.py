@@ -141,3 +141,14 @@ def test_gsm8k_validation_slice_is_held_out_of_every_gsm8k_mixture(tmp_path):
     sft = {r["messages"][0]["content"] for r in load_mixture("gsm8k", cfg)}
     rl = {r["prompt"][0]["content"] for r in load_mixture("gsm8k_rl", cfg)}
     assert not held_out & sft and not held_out & rl and len(sft | held_out) == 508
+
+
+@pytest.mark.parametrize(("row", "expected"), [
+    ({"prompt": 7, "chosen": "x", "rejected": "y"}, "prompt must be a string or a list of {role, content} messages, "
+                                                    "got a number"),
+    ({"prompt": "p", "chat_template_kwargs": [1]}, "chat_template_kwargs must be a mapping, got a list"),
+])
+def test_a_row_of_the_wrong_shape_is_named_in_jsons_words(row, expected):
+    with pytest.raises(ConfigError) as err:
+        normalise(row, {}, "rows.jsonl:1")
+    assert str(err.value) == f"rows.jsonl:1: {expected}"

@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import pytest
-from conftest import FAST, run_cli
+from conftest import FAST, ROOT, missing, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipeline.config import load_config
+from pipeline.config import TRACKERS, load_config
+from pipeline.run import main
 from pipeline.train.tracking import trainer_args
 
+TRACKER_DIRS = ("TENSORBOARD_LOGGING_DIR", "TRACKIO_DIR", "WANDB_DIR")
 
-def test_trainer_args_name_the_stage_and_pass_hub_settings_through(tmp_path):
+
+@pytest.fixture
+def installed(monkeypatch):
+    """`installed(*modules, hidden=(...))`: those modules are found as if installed (the trackers' packages need not
+    be), the hidden ones not found; the trackers' directory variables are unset; all restored after the test."""
+    real = importlib.util.find_spec
+    for name in TRACKER_DIRS:
+        monkeypatch.setenv(name, "x")  # recorded, so that the test's own value is undone afterwards
+        monkeypatch.delenv(name)
+
+    def fake(*modules: str, hidden: tuple[str, ...] = ()) -> None:
+        def find_spec(name: str, *args: object) -> object:
+            return object() if name in modules else None if name in hidden else real(name, *args)
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    return fake
+
+
+def test_trainer_args_name_the_stage_and_pass_hub_settings_through(tmp_path, installed):
+    installed("wandb", "trackio")
     cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", "run_name=exp1", "report_to=[wandb,trackio]",
                        "push_to_hub=true", "hub_model_id=me/smol"])
     work = tmp_path / "exp1/stages/03-dpo/candidates/beta0.1-lr1e-05/work"
@@ -20,6 +44,52 @@ def test_trainer_args_name_the_stage_and_pass_hub_settings_through(tmp_path):
                                        "push_to_hub": True, "hub_model_id": "me/smol-03-dpo-beta0.1-lr1e-05"}
     assert trainer_args(cfg, tmp_path / "elsewhere" / "work") == {"report_to": "none"}  # not in the run's folder
     assert trainer_args(None, work) == {"report_to": "none"}  # no run (a benchmark's own trainer)
+
+
+def test_tracker_files_go_into_the_run_folder(tmp_path, installed):
+    installed("wandb", "trackio")
+    cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", "report_to=[tensorboard,trackio,wandb]"])
+    run = tmp_path / "tiny"
+    assert trainer_args(cfg, run / "stages/02-sft/work")["report_to"] == ["tensorboard", "trackio", "wandb"]
+    assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(run.resolve() / "stages/02-sft/logs")
+    assert os.environ["TRACKIO_DIR"] == str(run.resolve() / "trackio")  # trackio's database: <run>/trackio/
+    assert os.environ["WANDB_DIR"] == str(run.resolve())  # W&B writes <run>/wandb/
+
+
+def test_a_tracker_set_elsewhere_keeps_its_folder(tmp_path, installed, monkeypatch):
+    installed("trackio")
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "shared"))
+    cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", "report_to=[trackio]"])
+    trainer_args(cfg, tmp_path / "tiny/stages/02-sft/work")
+    assert os.environ["TRACKIO_DIR"] == str(tmp_path / "shared") and "TENSORBOARD_LOGGING_DIR" not in os.environ
+
+
+@pytest.mark.parametrize(("tracker", "package"), [("tensorboard", "tensorboard"), ("wandb", "wandb"),
+                                                  ("trackio", "trackio"), ("mlflow", "mlflow"),
+                                                  ("comet_ml", "comet-ml"), ("dagshub", "mlflow")])
+def test_a_tracker_whose_package_is_missing_exits_2_before_anything_runs(tracker, package, tmp_path, capsys,
+                                                                        installed):
+    # dagshub installed without mlflow, which it needs too; every other tracker's package missing
+    installed("dagshub", hidden=("tensorboard", "tensorboardX", "wandb", "trackio", "mlflow", "comet_ml"))
+    assert main([f"output_root={tmp_path}", f"report_to=[{tracker}]"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: report_to lists {tracker}, but the {package} package is "
+                                                    f"not installed: pip install {package}"]
+    assert not list(tmp_path.iterdir())  # refused before the run folder is made
+
+
+def test_smol_pipeline_refuses_a_missing_tracker_in_one_line(tmp_path):
+    """Through the real command (the launcher checks the config before it launches), with a tracker whose package
+    this environment really lacks."""
+    absent = next((name for name, needs in TRACKERS.items() if not all(
+        any(importlib.util.find_spec(m) for m in modules.split("|")) for modules, _ in needs)), None)
+    if absent is None:
+        missing("every tracker's package is installed")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.launch", f"output_root={tmp_path}", f"report_to=[{absent}]"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"error: report_to lists {absent}, but the ") and "pip install " in line
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow

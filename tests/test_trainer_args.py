@@ -32,7 +32,7 @@ def test_unknown_field_exits_2_with_a_suggestion(tmp_path):
     proc = run_cli("recipe=tiny", "sft.trainer.neftune_nosie_alpha=5", f"output_root={tmp_path}", timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "unknown config key 'sft.trainer.neftune_nosie_alpha'" in proc.stderr
-    assert "did you mean 'neftune_noise_alpha'?" in proc.stderr
+    assert "did you mean 'sft.trainer.neftune_noise_alpha'?" in proc.stderr
     assert not list(tmp_path.iterdir())  # refused before the run folder is made
 
 
@@ -50,8 +50,10 @@ def test_a_field_our_config_sets_is_refused_naming_our_setting(override, owner):
 
 
 @pytest.mark.parametrize(("override", "expected"), [
-    ("sft.trainer.neftune_noise_alpha=abc", "bad value for 'sft.trainer.neftune_noise_alpha'"),
-    ("dpo.trainer.optim=adamw_nope", "trl.DPOConfig refuses it: adamw_nope is not a valid OptimizerNames"),
+    ("sft.trainer.neftune_noise_alpha=abc", "bad value for 'sft.trainer.neftune_noise_alpha': 'abc' is not a number "
+                                            "or null"),
+    ("sft.trainer.dataset_text_field=3", "bad value for 'sft.trainer.dataset_text_field': 3 is not text"),
+    ("dpo.trainer.optim=adamw_nope", "TRL's DPOConfig refuses it: adamw_nope is not one of ['adamw_torch', "),
     ("ppo.trainer.vf_coef=0.1", "'ppo.trainer' is not available"),
 ])
 def test_bad_values_and_ppo_are_one_clear_error(override, expected):

@@ -180,6 +180,12 @@ def _check_messages(messages: Any, where: str) -> list[dict]:
     return out
 
 
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words (a number, a string, ...), not Python's type name."""
+    kinds = ((bool, "a boolean"), (int | float, "a number"), (str, "a string"), (list, "a list"), (dict, "an object"))
+    return next((kind for cls, kind in kinds if isinstance(value, cls)), "null" if value is None else "a value")
+
+
 def _as_chat(value: Any, role: str, target: str, where: str) -> list[dict]:
     """A string as one `role` turn, a list as checked messages; anything else is refused."""
     if isinstance(value, str):
@@ -189,7 +195,7 @@ def _as_chat(value: Any, role: str, target: str, where: str) -> list[dict]:
     if isinstance(value, list):
         return _check_messages(value, where)
     raise ConfigError(f"{where}: {target} must be a string or a list of {{role, content}} messages, "
-                      f"got {type(value).__name__}")
+                      f"got {json_kind(value)}")
 
 
 def _check_answers(messages: list[dict], target: str, where: str) -> None:
@@ -270,7 +276,7 @@ def normalise(row: dict, columns: dict, where: str) -> dict:
     if "chat_template_kwargs" in out:
         kwargs = out["chat_template_kwargs"] or {}
         if not isinstance(kwargs, dict):
-            raise ConfigError(f"{where}: chat_template_kwargs must be a mapping, got {type(kwargs).__name__}")
+            raise ConfigError(f"{where}: chat_template_kwargs must be a mapping, got {json_kind(kwargs)}")
         out["chat_template_kwargs"] = kwargs
     if not out:
         raise ConfigError(f"{where}: no usable column (map one of {', '.join(TARGETS)})")

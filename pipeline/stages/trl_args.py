@@ -9,6 +9,7 @@ PPO runs the pipeline's own actor-critic loop (`pipeline.rl.actor_critic`) and b
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 import types
 import typing
@@ -70,12 +71,22 @@ def _check_keys(name: str, stage: DictConfig, cls: type) -> None:
     for key, value in OmegaConf.to_container(stage.trainer, resolve=True).items():
         full = f"{name}.trainer.{key}"
         if key not in known:
-            raise ConfigError(f"unknown config key '{full}': trl.{cls.__name__} has no field '{key}'"
-                              f"{did_you_mean(str(key), known)}")
+            raise ConfigError(f"unknown config key '{full}': TRL's {cls.__name__} has no field '{key}'"
+                              f"{did_you_mean(str(key), known, f'{name}.trainer.')}")
         if owner := _owner(key, name, stage):
             raise ConfigError(f"'{full}' is set by the pipeline from '{owner}'; set that instead")
         if not _fits(value, hints[key]):
-            raise ConfigError(f"bad value for '{full}': {value!r} is not a {hints[key]} (trl.{cls.__name__}.{key})")
+            raise ConfigError(f"bad value for '{full}': {value!r} is not {_words(hints[key])}")
+
+
+def _words(hint: Any) -> str:
+    """A field type made of bool / int / float / str / None / Literal in words (`_fits`' types), for messages."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_words(arm) for arm in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(hint)))
+    names = {bool: "true or false", int: "a whole number", float: "a number", str: "text", type(None): "null"}
+    return names.get(hint, "of the field's type")
 
 
 def check(cfg: DictConfig) -> None:
@@ -93,7 +104,7 @@ def check(cfg: DictConfig) -> None:
         except ConfigError:
             raise
         except (TypeError, ValueError) as err:
-            raise ConfigError(f"bad value in '{name}.trainer': trl.{cls.__name__} refuses it: "
-                              f"{str(err).splitlines()[0]}") from None
+            reason = re.sub(r"is not a valid \w+, please select one of", "is not one of", str(err).splitlines()[0])
+            raise ConfigError(f"bad value in '{name}.trainer': TRL's {cls.__name__} refuses it: {reason}") from None
         finally:
             unset_hf_deepspeed_config()  # building it under ZeRO-3 would shard every later model load

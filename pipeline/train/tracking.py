@@ -1,9 +1,11 @@
 """Experiment tracking and Hub pushes: the run's `report_to` / `push_to_hub` settings as trainer arguments.
 
-`report_to` goes to transformers as is (tensorboard, wandb, trackio, mlflow, ... or "all"); each
-trainer is named `<run_name>/<NN-stage>[/<candidate>]`. TensorBoard writes its event files under
-the stage folder, `<stage>/[candidates/<id>/]logs/` (transformers' `TENSORBOARD_LOGGING_DIR`; the
-trainer's own output folder is removed after training).
+`report_to` goes to transformers as is (tensorboard, wandb, trackio, mlflow, ... or "all"; the config loader
+checks each one's package is installed); each trainer is named `<run_name>/<NN-stage>[/<candidate>]`. The
+trackers' local files stay in the run folder: TensorBoard's event files under the stage folder,
+`<stage>/[candidates/<id>/]logs/` (transformers' `TENSORBOARD_LOGGING_DIR`; the trainer's own output folder is
+removed after training), trackio's database in `<run>/trackio/` and W&B's offline files in `<run>/wandb/`, unless
+`TRACKIO_DIR` / `WANDB_DIR` say otherwise.
 """
 
 from __future__ import annotations
@@ -24,10 +26,21 @@ def trainer_args(cfg: DictConfig | None, work_dir: Path) -> dict:
     if root is None or not out.is_relative_to(root / "stages"):
         return {"report_to": "none"}
     label = "/".join(p for p in out.relative_to(root / "stages").parts if p != "candidates")
-    if "tensorboard" in cfg.report_to or "all" in cfg.report_to:
-        os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "logs")  # read when the trainer builds its callbacks
+    _local_dirs(list(cfg.report_to), root, out)
     args = {"report_to": list(cfg.report_to) or "none", "run_name": f"{cfg.run_name}/{label}"}
     if cfg.push_to_hub:
         repo = f"{cfg.hub_model_id}-{label.replace('/', '-')}" if cfg.hub_model_id else None
         args.update(push_to_hub=True, hub_model_id=repo)
     return args
+
+
+def _local_dirs(trackers: list[str], root: Path, stage: Path) -> None:
+    """Point the trackers' local files into the run folder `root` (TensorBoard's under `stage`), through the
+    variables they read when the trainer builds its callbacks (trackio's when it is first imported)."""
+    every = "all" in trackers
+    if every or "tensorboard" in trackers:
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(stage / "logs")
+    if every or "trackio" in trackers:
+        os.environ.setdefault("TRACKIO_DIR", str(root / "trackio"))
+    if every or "wandb" in trackers:
+        os.environ.setdefault("WANDB_DIR", str(root))  # W&B writes <WANDB_DIR>/wandb/
