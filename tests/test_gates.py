@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.evaluation.gates import judge
-from pipeline.evaluation.stats import paired_difference
+from pipeline.evaluation.stats import half_mean, paired_difference
 
 M = "tiny_gsm/exact_match,strict-match"
 
@@ -124,3 +124,15 @@ def test_p_below_double_precision_is_a_bound_not_zero(tmp_path):
     paired = paired_difference(a, b, M)
     verdict = judge(_gate(test="superior"), {M: 0.9995}, ("01-sft", 0.5), paired)
     assert paired["p_value"] < 1e-15 and "p<1e-15" in verdict["reason"] and "p=0" not in verdict["reason"]
+
+
+def test_halves_split_the_problems_by_doc_id_parity(tmp_path):
+    # the even problems all gained, the odd ones are unchanged: selection sees the gain, the gate does not
+    before = [0.0] * 20
+    after = [1.0 if i % 2 == 0 else 0.0 for i in range(20)]
+    a, b = _samples(tmp_path / "a", before), _samples(tmp_path / "b", after)
+    assert half_mean(b, M, "selection") == (1.0, 10) and half_mean(b, M, "gate") == (0.0, 10)
+    assert paired_difference(a, b, M, "selection")["diff"] == 1.0
+    gate = paired_difference(a, b, M, "gate")
+    assert gate["n"] == 10 and gate["diff"] == 0.0 and gate["p_value"] == 1.0
+    assert half_mean(tmp_path / "missing", M, "gate") is None
