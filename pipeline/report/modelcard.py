@@ -80,14 +80,18 @@ def _selection(name: str, record: StageRecord) -> list[str]:
     if not m.get("candidates"):
         return []
     metric = m.get("selected_by") or "metric"
-    lines = [f"### {name}: selected `{m['selected']}` by `{metric}`", "", f"Rule: {m.get('tie_rule', '')}.", "",
-             f"| candidate | {metric} | difference to the input (paired SE) | 95% CI | p |", "|---|---|---|---|---|"]
+    half = m.get("selection_problems")
+    rule = f"{m.get('tie_rule', '')}, on the selection half ({half} problems; the gate judges the other)" if half \
+        else m.get("tie_rule", "")
+    lines = [f"### {name}: selected `{m['selected']}` by `{metric}`", "", f"Rule: {rule}.", "",
+             f"| candidate | {metric} | selection half | difference to the input on it (paired SE) | 95% CI | p |",
+             "|---|---|---|---|---|---|"]
     for c in m["candidates"]:
         p = c.get("vs_input")
         paired = (f"{p['diff']:+.4f} +- {p['se']:.4f} | [{p['ci_low']:+.4f}, {p['ci_high']:+.4f}] | "
                   f"{p['p_value']:.3g}") if p else " | | "
         mark = " (selected)" if c["candidate"] == m["selected"] else ""
-        lines.append(f"| {c['candidate']}{mark} | {_num(c.get(metric))} | {paired} |")
+        lines.append(f"| {c['candidate']}{mark} | {_num(c.get(metric))} | {_num(c.get('selection_half'))} | {paired} |")
     return [*lines, ""]
 
 
