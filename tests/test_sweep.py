@@ -197,7 +197,7 @@ def test_the_soup_averages_the_best_candidates_and_can_win(tmp_path):
 def test_a_soup_tied_with_the_best_candidate_loses_to_it(tmp_path):
     trained = _run(_ctx(tmp_path, "dpo.soup.top_k=2"), Fakes(_weights(10, 1, 10, 4)))  # soup of two 10s: 10 too
     assert trained.metrics["selected"] == IDS[0]
-    assert trained.metrics["candidates"][-1] == {"candidate": "soup", METRIC: 0, "vs_input": None}
+    assert trained.metrics["candidates"][-1] == {"candidate": "soup", METRIC: 0, "selection_half": 0, "vs_input": None}
 
 
 def test_the_merge_mixes_the_soup_with_the_earlier_stage(tmp_path):
