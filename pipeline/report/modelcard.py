@@ -80,9 +80,9 @@ def _selection(name: str, record: StageRecord) -> list[str]:
     if not m.get("candidates"):
         return []
     metric = m.get("selected_by") or "metric"
-    half = m.get("selection_problems")
-    rule = f"{m.get('tie_rule', '')}, on the selection half ({half} problems; the gate judges the other)" if half \
-        else m.get("tie_rule", "")
+    rule, half = m.get("tie_rule", ""), m.get("selection_problems")
+    if half:
+        rule += f", on the selection half ({half} problems; the gate judges the other)"
     lines = [f"### {name}: selected `{m['selected']}` by `{metric}`", "", f"Rule: {rule}.", "",
              f"| candidate | {metric} | selection half | difference to the input on it (paired SE) | 95% CI | p |",
              "|---|---|---|---|---|---|"]
