@@ -4,10 +4,12 @@
 
 writes `leaderboard.{csv,json,md,html}` to DIR; several runs combine into one table. The
 orchestrator calls the same code after every stage. The HTML is self-contained (inline styles,
-matplotlib charts as inline SVG; no network) and fits 1280 px without sideways scrolling: a headline
-table (one row per stage: metrics with stderr, gate verdict), the gate metric per stage with 95%
-error bars, a beta x learning-rate heatmap per sweep (soup, merge and the selected candidate
-marked), and every column of every checkpoint and candidate in a collapsible details table.
+matplotlib charts as inline SVG; no network) and fits 1280 px without sideways scrolling: each run's
+headline (`pipeline.report.headline`: title, a table of at most 8 columns, one sentence per stage, the
+sweep's own table), the gate metric per stage with 95% error bars, a beta x learning-rate heatmap per
+sweep (soup, merge and the selected candidate marked), and every column of every checkpoint and candidate
+in a collapsible details table. The CSV and JSON rows are flat and typed: numbers as numbers, a paired
+difference as `<what>_diff`, `_ci_low`, `_ci_high`, `_p`, `_n`; a value not known is left out.
 """
 
 from __future__ import annotations
@@ -19,54 +21,80 @@ import io
 import json
 from pathlib import Path
 
-from pipeline.evaluation import stats
 from pipeline.files import write_json, write_text
-from pipeline.report import charts
+from pipeline.report import charts, headline
 from pipeline.runfolder import StageRecord, candidates, stage_folders
 
 STEP_TIMES = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "eval_s", "save_s")  # telemetry's breakdown
 HYPER = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
          "gradient_accumulation_steps", "beta", "loss_type")
+PAIRED = ("diff", "ci_low", "ci_high", "p_value", "n")  # of stats.paired_difference
 
 
-def _row(run: Path, record: StageRecord, checkpoint: str, candidate: str, config: dict | None = None,
-         paired: dict | None = None) -> dict:
-    config, metrics, ev = config or record.config or {}, record.metrics or {}, record.eval
-    row = {"run": run.name, "checkpoint": checkpoint, "stage": record.stage or "", "candidate": candidate}
-    row.update({k: config[k] for k in HYPER if k in config})
-    if config.get("lora", {}).get("r"):
-        row["lora_r"] = config["lora"]["r"]
+def _paired(prefix: str, paired: dict | None) -> dict:
+    """`paired` (a `stats.paired_difference`) as flat columns `<prefix>_diff`, ..., `<prefix>_n`."""
+    return {f"{prefix}_{k.removesuffix('_value')}": paired[k] for k in PAIRED} if paired else {}
+
+
+def _hyper(config: dict) -> dict:
+    out = {k: config[k] for k in HYPER if config.get(k) not in (None, -1)}
+    if isinstance(out.get("loss_type"), list):
+        out["loss_type"] = "+".join(out["loss_type"])
+    if (config.get("lora") or {}).get("r"):
+        out["lora_r"] = config["lora"]["r"]
+    return out
+
+
+def _gate(gate: dict | None) -> dict:
+    if not gate:
+        return {}
+    return {"gate": gate["verdict"], "gate_test": gate.get("test"), "gate_metric": gate["metric"],
+            "gate_value": gate["value"], **_paired("gate", gate.get("paired"))}
+
+
+def _row(run: Path, record: StageRecord, checkpoint: str, candidate: str | None, config: dict | None = None,
+         extra: dict | None = None) -> dict:
+    """One flat, typed row: numbers as numbers, no prose, no sentinels; a key without a value is left out."""
+    metrics, ev = record.metrics or {}, record.eval
+    row = {"run": run.name, "checkpoint": checkpoint, "kind": "candidate" if record.candidate else "stage",
+           "stage": record.stage, "candidate": candidate, **_hyper(config or record.config or {})}
     for name, value in ev["metrics"].items():
         row[name] = value
         if name in ev.get("stderr", {}):
             row[f"{name} stderr"] = ev["stderr"][name]
-    row["splits"] = ", ".join(f"{task}: {split}" for task, split in (ev.get("splits") or {}).items())
-    row["prompt_format"] = ev.get("prompt_format", "")  # base and stages may be scored on different formats
-    gate = record.gate
-    row["gate"] = f"{gate['verdict']}: {gate['reason']}" if gate else ""
-    row["gate_metric"] = gate["metric"] if gate else ""
-    if paired:
-        row["vs input (paired)"] = stats.describe(paired)
-    row.update(tokens=metrics.get("tokens"), tokens_per_s=metrics.get("tokens_per_s"), mfu=metrics.get("mfu"),
-               padding_fraction=metrics.get("padding_fraction"),
-               train_wall_time_s=record.wall_time_s, eval_wall_time_s=ev.get("wall_time_s"))
-    row.update({key: metrics[key] for key in STEP_TIMES if metrics.get(key) is not None})
-    return row
+    row.update(prompt_format=ev.get("prompt_format"), **_gate(record.gate), **(extra or {}))
+    row.update({k: metrics.get(k) for k in ("tokens", "tokens_per_s", "mfu", "padding_fraction")})
+    row.update(train_wall_time_s=record.wall_time_s, eval_wall_time_s=ev.get("wall_time_s"))
+    row.update({key: metrics[key] for key in STEP_TIMES if metrics.get(key)})
+    return {k: v for k, v in row.items() if v not in (None, "")}
 
 
 def rows(run_dirs: list[Path]) -> list[dict]:
     """Leaderboard rows of every evaluated checkpoint (stages, then their sweep candidates) of each run."""
     out = []
     for run in map(Path, run_dirs):
+        tested = {r["checkpoint"]: r.get("vs_input") for r in headline.stage_rows(run)}
         for stage_dir in stage_folders(run):
             record, cands = StageRecord.read(stage_dir), candidates(stage_dir)
             if record.eval:
                 selected = record.selected  # a sweep: show the winner's settings
                 config = cands[selected].config if selected in cands else None
-                out.append(_row(run, record, stage_dir.name, f"selected: {selected}" if selected else "", config))
-            vs = {c["candidate"]: c.get("vs_input") for c in (record.metrics or {}).get("candidates", [])}
-            out += [_row(run, c, stage_dir.name, name, paired=vs.get(name)) for name, c in cands.items() if c.eval]
+                out.append(_row(run, record, stage_dir.name, selected, config,
+                                _paired("test_vs_input", tested.get(stage_dir.name))))
+            table = {c["candidate"]: c for c in (record.metrics or {}).get("candidates", [])}
+            for name, c in cands.items():
+                picked = table.get(name, {})
+                extra = {"selection_half": picked.get("selection_half"),
+                         **_paired("selection_vs_input", picked.get("vs_input"))}
+                if c.eval:
+                    out.append(_row(run, c, stage_dir.name, name, extra=extra))
     return out
+
+
+def splits(run_dirs: list[Path]) -> dict[str, str]:
+    """`{task: split}` of every task scored in the runs (from the eval records)."""
+    return {task: split for run in map(Path, run_dirs) for d in stage_folders(run)
+            for task, split in ((StageRecord.read(d).eval or {}).get("splits") or {}).items()}
 
 
 def columns(table: list[dict]) -> list[str]:
@@ -74,7 +102,7 @@ def columns(table: list[dict]) -> list[str]:
     seen: dict[str, None] = {}
     for row in table:
         seen.update(dict.fromkeys(row))
-    head = ["run", "checkpoint", "stage", "candidate", *HYPER, "lora_r"]
+    head = ["run", "checkpoint", "kind", "stage", "candidate", *HYPER, "lora_r"]
     metrics = [c for c in seen if "/" in c]
     return [c for c in head if c in seen] + metrics + [c for c in seen if c not in head and c not in metrics]
 
@@ -94,20 +122,11 @@ def to_csv(table: list[dict]) -> str:
     return buf.getvalue()
 
 
-def headers(table: list[dict]) -> dict[str, str]:
-    """Column name -> header: a metric's says which split its number comes from, e.g.
-    `gsm8k_local_val/exact_match,strict-match [validation]` (from the rows' `splits`)."""
-    split = dict(part.split(": ", 1) for r in table for part in filter(None, (r.get("splits") or "").split(", ")))
+def headers(table: list[dict], split: dict[str, str]) -> dict[str, str]:
+    """Column name -> header: a metric's says which split (`split`: task -> split) its number comes from, e.g.
+    `gsm8k_local_val/exact_match,strict-match [validation]`."""
     return {c: f"{c} [{split[c.split('/')[0]]}]" if "/" in c and c.split("/")[0] in split else c
             for c in columns(table)}
-
-
-def to_markdown(table: list[dict]) -> str:
-    """The table as a Markdown pipe table (metric headers name their split)."""
-    cols, names = columns(table), headers(table)
-    lines = ["| " + " | ".join(names[c] for c in cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)).replace("|", "/") for c in cols) + " |" for r in table]
-    return "\n".join(lines) + "\n"
 
 
 def metric_names(table: list[dict]) -> list[str]:
@@ -117,10 +136,9 @@ def metric_names(table: list[dict]) -> list[str]:
 
 STYLE = ("body{font-family:sans-serif;margin:1.5em;max-width:1200px}table{border-collapse:collapse;font-size:13px}"
          "th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f3f4f6}"
-         "#leaderboard{width:100%}#leaderboard td,#leaderboard th{overflow-wrap:anywhere}tr.fail td{background:#fee2e2}"
-         "#leaderboard :is(td,th):nth-child(-n+2){white-space:nowrap;overflow-wrap:normal}"
+         "td.n{text-align:right;white-space:nowrap}tr.fail td{background:#fee2e2}tr.warn td{background:#fef3c7}"
          ".scroll{overflow-x:auto}.scroll td,.scroll th{white-space:nowrap}.chart svg{max-width:100%;height:auto}"
-         ".reason{color:#555;font-size:12px}")
+         "h2{font-size:16px}h3{font-size:14px}")
 
 
 def _label(table: list[dict]):
@@ -128,40 +146,43 @@ def _label(table: list[dict]):
     return lambda r: f"{r['run']}/{r['checkpoint']}" if several else r["checkpoint"]
 
 
-def _fail(row: dict) -> str:
-    return ' class="fail"' if str(row.get("gate", "")).startswith(("fail", "warn")) else ""
+def _html_table(head: tuple[str, ...], body: list[list[str]], marks: list[str]) -> str:
+    """A table whose first column is a name and the others right-aligned figures; `marks`: each row's class."""
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    tr = "".join(f"<tr{mark}>" + "".join(f"<td{' class=n' if j else ''}>{html.escape(c)}</td>" for j, c in
+                                          enumerate(row)) + "</tr>" for row, mark in zip(body, marks, strict=True))
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{tr}</tbody></table>"
 
 
-def _with_stderr(row: dict, metric: str) -> str:
-    value, err = row.get(metric), row.get(f"{metric} stderr")
-    if not isinstance(value, (int, float)):
+def _headline_html(run: Path) -> str:
+    """One run's headline (`pipeline.report.headline`) as HTML: title, stage table, sentences, sweep tables."""
+    table = headline.stage_rows(run)
+    if not table:
         return ""
-    return f"{value:.3f}" + (f" \u00b1 {err:.3f}" if isinstance(err, (int, float)) else "")
+    validation, test = headline.metrics([StageRecord.read(d) for d in stage_folders(run)])
+    marks = [f' class="{r["gate"]}"' if r.get("gate") in ("fail", "warn") else "" for r in table]
+    out = [f"<h2>{html.escape(headline.title(run, table))}</h2>",
+           f"<p>validation: <code>{html.escape(str(validation))}</code>; test: <code>{html.escape(str(test))}</code>"
+           "; \u0394 test: paired difference to the stage's input on the same test problems.</p>",
+           _html_table(headline.COLUMNS, [headline.cells(r) for r in table], marks),
+           "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in map(headline.sentence, table) if s) + "</ul>"]
+    for stage in stage_folders(run):
+        sweep = headline.sweep_rows(stage)
+        if sweep:
+            out += [f"<h3>{html.escape(stage.name)}: sweep (selected on the selection half of validation; the gate "
+                    "judges the other half)</h3>",
+                    _html_table(headline.SWEEP_COLUMNS, [headline.sweep_cells(r) for r in sweep], [""] * len(sweep))]
+    return "".join(out)
 
 
-def _verdict(row: dict) -> str:
-    verdict, _, reason = str(row.get("gate") or "").partition(": ")
-    return f"<b>{html.escape(verdict)}</b> <span class=reason>{html.escape(reason)}</span>" if verdict else ""
-
-
-def _headline(stages: list[dict], metrics: list[str], label) -> str:
-    names = headers(stages)
-    head = "".join(f"<th>{html.escape(names.get(c, c))}</th>" for c in ["checkpoint", "selected", *metrics, "gate"])
-    body = "".join(f"<tr{_fail(r)}><td>{html.escape(label(r))}</td>"
-                   f"<td>{html.escape(r['candidate'].removeprefix('selected: '))}</td>"
-                   + "".join(f"<td>{_with_stderr(r, m)}</td>" for m in metrics)
-                   + f"<td>{_verdict(r)}</td></tr>" for r in stages)
-    return f'<table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _details(table: list[dict]) -> str:
-    cols = columns(table)
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join(f"<tr{_fail(r)}>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>"
+def _details(table: list[dict], split: dict[str, str]) -> str:
+    cols, names = columns(table), headers(table, split)
+    head = "".join(f"<th>{html.escape(names[c])}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>"
                    for r in table)
-    return ('<details id="details"><summary>Every checkpoint and sweep candidate: hyperparameters, paired '
-            f'differences, throughput</summary><div class="scroll"><table><thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table></div></details>")
+    return ('<details id="details"><summary>Every checkpoint and sweep candidate: hyperparameters, metrics with '
+            f'stderr, paired differences, throughput</summary><div class="scroll"><table><thead><tr>{head}</tr>'
+            f"</thead><tbody>{body}</tbody></table></div></details>")
 
 
 def _sweeps(run_dirs: list[Path]) -> list[tuple[str, StageRecord, dict[str, StageRecord]]]:
@@ -171,18 +192,21 @@ def _sweeps(run_dirs: list[Path]) -> list[tuple[str, StageRecord, dict[str, Stag
 
 
 def to_html(table: list[dict], run_dirs: list[Path]) -> str:
-    """The self-contained page: headline table, charts (inline SVG), details table."""
-    stages = [r for r in table if not r["candidate"] or r["candidate"].startswith("selected")]
+    """The self-contained page: each run's headline, charts (inline SVG), the details table."""
+    stages = [r for r in table if r["kind"] == "stage"]
     metrics, label = metric_names(table), _label(table)
     gated = [m for m in metrics if any(r.get("gate_metric") == m for r in table)] or metrics
     svgs = [charts.metric_per_stage(stages, m, label) for m in gated]
     svgs += [charts.sweep_heatmap(*sweep) for sweep in _sweeps(run_dirs)]
-    runs = ", ".join(sorted({r["run"] for r in table}))
     return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>Leaderboard</title><style>{STYLE}</style>'
-            f"</head><body><h1>Leaderboard</h1><p>Run {html.escape(runs)}: one row per stage; \u00b1 is lm-eval's "
-            f"standard error.</p>{_headline(stages, metrics, label)}"
+            f'</head><body><h1>Leaderboard</h1><div id="leaderboard">{"".join(map(_headline_html, run_dirs))}</div>'
             f"<div id=\"charts\">{''.join(f'<div class=chart>{c}</div>' for c in svgs)}</div>"
-            f"{_details(table)}</body></html>\n")
+            f"{_details(table, splits(run_dirs))}</body></html>\n")
+
+
+def to_markdown(run_dirs: list[Path]) -> str:
+    """The runs' headlines as Markdown."""
+    return "# Leaderboard\n\n" + "\n".join(filter(None, map(headline.markdown, map(Path, run_dirs))))
 
 
 def export(run_dirs: list[Path], out: Path) -> list[dict]:
@@ -190,8 +214,9 @@ def export(run_dirs: list[Path], out: Path) -> list[dict]:
     table = rows(run_dirs)
     out = Path(out)
     write_text(out / "leaderboard.csv", to_csv(table))
-    write_json(out / "leaderboard.json", {"columns": columns(table), "rows": table})
-    write_text(out / "leaderboard.md", to_markdown(table))
+    write_json(out / "leaderboard.json", {"columns": columns(table), "splits": splits(run_dirs), "rows": table,
+                                          "headline": {Path(r).name: headline.stage_rows(Path(r)) for r in run_dirs}})
+    write_text(out / "leaderboard.md", to_markdown(run_dirs))
     write_text(out / "leaderboard.html", to_html(table, run_dirs))
     return table
 
