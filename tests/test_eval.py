@@ -36,6 +36,7 @@ def gated_run(tmp_path_factory, cache_dir):
                 f"midtrain.gate.metric={FLEX}", "midtrain.gate.min=0.0", "midtrain.gate.max_drop=1.0",
                 "midtrain.eval.fast_generation=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (out / "tiny" / "terminal.log").write_text(proc.stderr)
     return out / "tiny"
 
 
@@ -98,9 +99,17 @@ def test_leaderboard_formats_agree_and_rebuild_is_identical(gated_run, tmp_path)
                                                                                           "02-midtrain"]
     for js, cs in zip(data["rows"], rows, strict=True):
         assert float(cs[METRIC]) == pytest.approx(js[METRIC])
-        assert cs["gate"] == js["gate"]
+        assert cs["gate"] == js.get("gate", "")
+        assert all(isinstance(v, (int, float)) or "[" not in v for v in js.values())  # typed: no reprs, no prose
+    assert data["rows"][1]["gate"] == "warn" and data["rows"][1]["gate_metric"] == METRIC
+    assert data["splits"] == {"tiny_gsm": "test"}
     md = (gated_run / "leaderboard.md").read_text()
-    assert md.count("\n") == 2 + 3 and METRIC in md
+    assert md.startswith("# Leaderboard\n\n## tiny: recipe tiny, ") and "final model " in md
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + 3 and all(line.count(" | ") <= 7 for line in table)  # at most 8 columns
+    assert "- sft: " in md and " on test [" in md and "- midtrain: " in md
+    terminal = (gated_run / "terminal.log").read_text()  # the end of the run prints the same headline
+    assert all(line in terminal for line in table) and f"leaderboard: {gated_run / 'leaderboard.html'}" in terminal
     assert leaderboard.main([str(gated_run), "--out", str(tmp_path)]) == 0
     for name in ("leaderboard.csv", "leaderboard.json", "leaderboard.md", "leaderboard.html"):
         assert (tmp_path / name).read_text() == (gated_run / name).read_text(), name
@@ -119,7 +128,7 @@ def test_html_renders_in_a_real_browser_at_1280px_without_sideways_scroll(gated_
     assert ink(shot) > 0.01  # not blank: text, table borders and the chart
     headline = dom[dom.index('id="leaderboard"'):dom.index("</table>")]
     assert headline.count("<tr") == 1 + 3 and "01-sft" in headline and "warn" in headline
-    assert " \u00b1 " in headline  # every metric with its stderr
+    assert headline.count("<th>") <= 8 and (" [-" in headline or " [+" in headline)  # the paired test interval
     chart = dom[dom.index('id="charts"'):]
     assert chart.count("<svg") == 2 and METRIC in chart and FLEX in chart and "01-sft" in chart  # each gated metric
     assert "<polyline" not in dom and 'id="details"' in dom  # no line joining checkpoints; hyperparameters folded
@@ -129,6 +138,8 @@ def test_gate_stop_halts_the_chain_with_exit_3(tmp_path, cache_dir):
     proc = _run(tmp_path, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.01", "sft.gate.action=stop")
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "gate after stage 01-sft" in proc.stderr and "< min 1.0100" in proc.stderr
+    assert f"chain stopped (leaderboard: {tmp_path / 'tiny/leaderboard.html'})" in proc.stderr
+    assert "| 01-sft |" in proc.stderr  # the headline, printed before the stop
     run = tmp_path / "tiny"
     assert not (run / "stages/02-midtrain").exists()
     rows = json.loads((run / "leaderboard.json").read_text())["rows"]
@@ -198,8 +209,8 @@ def test_validation_task_is_disjoint_scored_and_labelled(tmp_path, tiny_base, ca
     assert result["samples"] == {"tiny_gsm_val": 5, "tiny_gsm": 5}
     asked = {json.loads(line)["doc"]["question"] for line in (tmp_path / "eval/samples_tiny_gsm_val.jsonl").open()}
     assert asked <= validation
-    row = {"run": "r", "checkpoint": "01-sft", "splits": "tiny_gsm_val: validation, tiny_gsm: test"}
-    headers = leaderboard.headers([{**row, "tiny_gsm_val/exact_match,strict-match": 0.1, METRIC: 0.2}])
+    row = {"run": "r", "checkpoint": "01-sft", "tiny_gsm_val/exact_match,strict-match": 0.1, METRIC: 0.2}
+    headers = leaderboard.headers([row], result["splits"])
     assert headers[METRIC] == f"{METRIC} [test]"
     assert headers["tiny_gsm_val/exact_match,strict-match"] == "tiny_gsm_val/exact_match,strict-match [validation]"
     check_gates(cfg, tasks)  # FAST gates judge the test task: allowed, with a warning

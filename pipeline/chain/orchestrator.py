@@ -24,7 +24,7 @@ from pipeline.data import chat
 from pipeline.evaluation import gates, stats
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, temp_name, write_json, write_text
-from pipeline.report import leaderboard, modelcard
+from pipeline.report import headline, leaderboard, modelcard
 from pipeline.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, eval_dir, run_dir
 from pipeline.train import preempt
 from pipeline.train.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
@@ -164,6 +164,11 @@ class Run:
             if main:
                 leaderboard.export([self.root], self.root)
 
+    def print_headline(self) -> None:
+        """Log the run's headline (`pipeline.report.headline`) and where its leaderboard is (main process)."""
+        if self.main:
+            log.info("%sleaderboard: %s", headline.markdown(self.root), self.root / "leaderboard.html")
+
 
 def _gate_half(record: StageRecord) -> str | None:
     """`"gate"` when a sweep chose the stage's model among several candidates on the selection half of the
@@ -252,6 +257,7 @@ def _run_chain(run: Run) -> int:
         model = d.dir / "model"
     run.export()
     log.info("run finished in %.1f s; final model: %s", time.time() - started, model)
+    run.print_headline()
     return 0
 
 
@@ -360,7 +366,8 @@ def _gate_stops(run: Run, d: StageDecision) -> bool:
         return False
     where = f"gate after stage {d.dir.name}: {verdict['metric']} = {verdict['value']:.4f} ({verdict['reason']})"
     if verdict["action"] == "stop":
-        log.error("%s; chain stopped (leaderboard: %s)", where, run.root / "leaderboard.md")
+        run.print_headline()
+        log.error("%s; chain stopped (leaderboard: %s)", where, run.root / "leaderboard.html")
         return True
     log.warning("%s; going on (action: warn)", where)
     return False

@@ -2,9 +2,10 @@
 
 - `metric_per_stage`: one horizontal error bar per checkpoint (value +- 1.96 stderr); checkpoints are
   rows, so their names never overlap, and nothing joins them as a sequence.
-- `sweep_heatmap`: a sweep's beta x learning-rate grid coloured by the selection metric, each cell
-  with its value and paired difference to the stage's input; soup and merge beside it on the same
-  colour scale, the soup's ingredients marked, the selected candidate framed in red.
+- `sweep_heatmap`: a sweep's beta x learning-rate grid coloured by the selection metric on the selection
+  half, each cell with its value and paired difference to the stage's input (95% interval); soup and
+  merge beside it on the same colour scale, the soup's ingredients marked, the selected candidate framed
+  in red. The scale spans at least one score's 95% noise, so a difference within noise stays one shade.
 
 The SVG is deterministic (fixed hash salt, no date), so a rebuilt leaderboard is byte-identical.
 """
@@ -12,6 +13,7 @@ The SVG is deterministic (fixed hash salt, no date), so a rebuilt leaderboard is
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,7 +61,17 @@ def metric_per_stage(rows: list[dict], metric: str, label: Callable[[dict], str]
 def _cell_text(value: float | None, paired: dict | None) -> str:
     if value is None:
         return ""
-    return f"{value:.3f}" + (f"\n{paired['diff']:+.3f}\u00b1{1.96 * paired['se']:.3f}" if paired else "")
+    return f"{value:.3f}" + (f"\n{paired['diff']:+.3f}\n[{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}]"
+                             if paired else "")
+
+
+def anchored_norm(values: list[float], n: int | None) -> colors.Normalize:
+    """A colour scale over `values` (scores, each the mean of `n` 0/1 results) that spans at least one score's 95%
+    noise (1.96 sqrt(p(1-p)/n)) each way around their middle: a difference within noise stays one shade."""
+    low, high = min(values, default=0.0), max(values, default=1.0)
+    middle = (low + high) / 2
+    noise = 1.96 * math.sqrt(max(middle * (1 - middle), 0.01) / n) if n else 0.0
+    return colors.Normalize(min(low, middle - noise), max(high, middle + noise, low + 1e-9))
 
 
 @matplotlib.rc_context(RC)
@@ -67,17 +79,17 @@ def sweep_heatmap(name: str, record: StageRecord, cands: dict[str, StageRecord])
     """The sweep stage `name` (its record and its candidates' records) as a beta x learning-rate heatmap of its
     selection metric, soup and merge beside."""
     m = record.metrics or {}
-    metric, selected = m.get("selected_by") or "", m.get("selected")
+    metric, selected = "selection_half", m.get("selected")
     table = {c["candidate"]: c for c in m.get("candidates", [])}
     grid = {n: c.config for n, c in cands.items() if "beta" in (c.config or {})}
     betas = sorted({c["beta"] for c in grid.values()})
     lrs = sorted({c["learning_rate"] for c in grid.values()})
     extras = [n for n in ("soup", "merge") if n in table]
-    fig = Figure(figsize=(2.2 + 1.3 * (len(lrs) + len(extras)), 1.4 + 0.7 * max(len(betas), 1)))
+    fig = Figure(figsize=(2.2 + 1.8 * (len(lrs) + len(extras)), 1.4 + 0.9 * max(len(betas), 1)))
     widths = [max(len(lrs), 1)] + ([len(extras)] if extras else [])
     axes = fig.subplots(1, len(widths), width_ratios=widths, squeeze=False)[0]
     values = [t.get(metric) for t in table.values() if isinstance(t.get(metric), (int, float))]
-    norm = colors.Normalize(min(values, default=0), max(values, default=1) or 1)
+    norm = anchored_norm(values, m.get("selection_problems"))
     cells = {(betas.index(c["beta"]), lrs.index(c["learning_rate"])): n for n, c in grid.items()}
     soup = {Path(s).parent.name for s in ((cands["soup"].config if "soup" in cands else None) or {}).get("sources", [])}
     _draw(axes[0], [[table.get(cells.get((i, j)), {}).get(metric) for j in range(len(lrs))]
@@ -91,8 +103,11 @@ def sweep_heatmap(name: str, record: StageRecord, cands: dict[str, StageRecord])
               selected, set())
         axes[1].set_xticks(range(len(extras)), extras)
         axes[1].set_yticks([])
-    fig.colorbar(cm.ScalarMappable(norm=norm, cmap="viridis"), ax=list(axes), shrink=0.8, label=metric)
-    fig.suptitle(f"{name}: {metric} (below: paired difference to the input, 95%); red frame: "
+    fig.colorbar(cm.ScalarMappable(norm=norm, cmap="viridis"), ax=list(axes), shrink=0.8,
+                 label=f"{m.get('selected_by') or ''} on the selection half")
+    fig.suptitle(f"{name}: {m.get('selected_by') or ''} on the selection half ({m.get('selection_problems')} problems; "
+                 "below: paired difference to the input on them, 95% CI; the colour scale spans at least one score's "
+                 "noise)\nred frame: "
                  f"selected {selected}" + ("; \u25c6 in the soup" if soup else ""), fontsize=8, x=0.02, ha="left")
     return to_svg(fig)
 

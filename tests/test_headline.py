@@ -1,0 +1,120 @@
+"""The headline and the flat leaderboard on a constructed run folder whose per-problem results are known."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.evaluation import stats
+from pipeline.report import charts, headline, leaderboard
+from pipeline.runfolder import StageRecord
+
+VAL, TEST = "gsm_val/exact_match,strict-match", "gsm/exact_match,strict-match"
+SPLITS = {"gsm_val": "validation", "gsm": "test"}
+
+
+def _eval(folder: Path, right: dict[str, list[int]]) -> dict:
+    """Write `samples_<task>.jsonl` (one 0/1 result per problem) into `folder/eval`; return the eval record."""
+    (folder / "eval").mkdir(parents=True)
+    metrics, stderr = {}, {}
+    for task, values in right.items():
+        rows = [{"doc_id": i, "filter": "strict-match", "exact_match": float(v)} for i, v in enumerate(values)]
+        (folder / "eval" / f"samples_{task}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        mean = sum(values) / len(values)
+        metrics[f"{task}/exact_match,strict-match"] = mean
+        stderr[f"{task}/exact_match,strict-match"] = (mean * (1 - mean) / (len(values) - 1)) ** 0.5
+    return {"metrics": metrics, "stderr": stderr, "splits": SPLITS, "wall_time_s": 3.0}
+
+
+def _stage(folder: Path, right: dict[str, list[int]], **fields) -> Path:
+    StageRecord(eval=_eval(folder, right), **fields).write(folder)
+    return folder
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    """base (0 right) -> 01-sft (most right: a gain) -> 02-dpo (a sweep of two candidates; one test problem
+    lost: no significant change)."""
+    run = tmp_path / "demo"
+    (run).mkdir()
+    (run / "manifest.json").write_text(json.dumps({"recipe": "demo", "created": "2026-12-04T10:00:00+0000",
+                                                   "code": {"git_commit": "abcdef0123", "git_dirty": False}}))
+    n = 40
+    sft = [1] * 30 + [0] * 10
+    _stage(run / "stages/00-base", {"gsm_val": [0] * n, "gsm": [0] * n}, stage="base", index=0, output_model="base")
+    gate = {"metric": VAL, "value": 0.75, "verdict": "pass", "test": "no_significant_drop", "passed": True,
+            "paired": stats.paired_difference(run / "stages/00-base/eval", run / "stages/00-base/eval", VAL)}
+    _stage(run / "stages/01-sft", {"gsm_val": sft, "gsm": sft}, stage="sft", index=1, input_model="base",
+           output_model="runs/demo/stages/01-sft/model", wall_time_s=90.0, gate=gate,
+           config={"learning_rate": 0.002, "max_steps": -1, "loss_type": ["nll"]})
+    dpo = run / "stages/02-dpo"
+    table = []
+    for cand, beta in (("beta0.5-lr1e-05", 0.5), ("beta2-lr1e-05", 2.0)):
+        folder = _stage(dpo / "candidates" / cand, {"gsm_val": sft}, stage="dpo", candidate=cand,
+                        config={"beta": beta, "learning_rate": 1e-5, "loss_type": ["apo_zero"]})
+        paired = stats.paired_difference(run / "stages/01-sft/eval", folder / "eval", VAL, "selection")
+        table.append({"candidate": cand, "selection_half": 0.75, "vs_input": paired})
+    _stage(dpo, {"gsm_val": sft, "gsm": [1] * 29 + [0] * 11}, stage="dpo", index=2,
+           input_model="runs/demo/stages/01-sft/model", output_model="runs/demo/stages/02-dpo/model",
+           wall_time_s=200.0,
+           metrics={"candidates": table, "selected": "beta2-lr1e-05", "selected_by": VAL, "selection_problems": n // 2})
+    return run
+
+
+def test_headline_reports_each_stage_against_its_input_on_test(run):
+    assert headline.metrics([StageRecord.read(d) for d in sorted((run / "stages").iterdir())]) == (VAL, TEST)
+    rows = headline.stage_rows(run)
+    assert [r["checkpoint"] for r in rows] == ["00-base", "01-sft", "02-dpo"]
+    sft, dpo = rows[1]["vs_input"], rows[2]["vs_input"]
+    assert "vs_input" not in rows[0] and sft["n"] == dpo["n"] == 40
+    assert sft["diff"] == pytest.approx(0.75) and sft["ci_low"] > 0
+    assert dpo["diff"] == pytest.approx(-1 / 40) and dpo["ci_low"] < 0 < dpo["ci_high"]
+    assert headline.sentence(rows[1]).startswith("sft: +0.750 on test [") and "a significant gain" in \
+        headline.sentence(rows[1])
+    assert headline.sentence(rows[2]).startswith("dpo: -0.025 on test [-") and headline.sentence(rows[2]).endswith(
+        "n=40: no significant change")
+    assert headline.title(run, rows) == ("demo: recipe demo, 2026-12-04, code abcdef0, final model "
+                                         "runs/demo/stages/02-dpo/model")
+    cells = headline.cells(rows[2])
+    assert len(cells) == len(headline.COLUMNS) <= 8 and cells[0] == "02-dpo (beta2-lr1e-05)" and cells[-1] == "3.3 min"
+
+
+def test_markdown_has_the_title_a_short_table_sentences_and_the_sweep_apart(run):
+    md = headline.markdown(run)
+    tables = [line for line in md.splitlines() if line.startswith("| ")]
+    assert md.startswith("## demo: recipe demo, 2026-12-04")
+    assert all(line.count(" | ") <= 7 for line in tables)  # at most 8 columns
+    assert "- sft: +0.750 on test" in md and "### 02-dpo: sweep" in md
+    assert "| beta2-lr1e-05 (selected) | 2 | 1e-05 | 0.750 |" in md
+
+
+def test_csv_and_json_are_flat_and_typed(run, tmp_path):
+    table = leaderboard.export([run], tmp_path)
+    data = json.loads((tmp_path / "leaderboard.json").read_text())
+    assert data["splits"] == SPLITS and [r["checkpoint"] for r in data["headline"]["demo"]] == ["00-base", "01-sft",
+                                                                                                "02-dpo"]
+    for row in data["rows"]:
+        assert all(isinstance(v, (int, float)) or (isinstance(v, str) and v and "[" not in v and ": " not in v)
+                   for v in row.values()), row
+        assert -1 not in row.values()
+    sft = next(r for r in table if r["checkpoint"] == "01-sft")
+    assert "max_steps" not in sft and sft["loss_type"] == "nll" and sft["gate"] == "pass"
+    assert sft["test_vs_input_diff"] == pytest.approx(0.75) and sft["test_vs_input_n"] == 40
+    cand = next(r for r in table if r.get("candidate") == "beta0.5-lr1e-05")
+    assert cand["kind"] == "candidate" and cand["selection_half"] == 0.75 and cand["selection_vs_input_n"] == 20
+    with open(tmp_path / "leaderboard.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert all(any(r[c] for r in rows) for c in rows[0])  # no column is empty in every row
+    assert leaderboard.headers(table, data["splits"])[TEST] == f"{TEST} [test]"
+
+
+def test_the_heatmap_scale_spans_one_scores_noise():
+    norm = charts.anchored_norm([0.937, 0.940], 300)  # one problem apart out of 300
+    noise = 1.96 * (0.9385 * 0.0615 / 300) ** 0.5
+    assert norm.vmax - norm.vmin >= 2 * noise - 1e-9
+    assert norm(0.940) - norm(0.937) < 0.15  # nearly one shade, not full contrast
+    wide = charts.anchored_norm([0.1, 0.9], 300)
+    assert (wide.vmin, wide.vmax) == (0.1, 0.9)  # real differences keep the full range
