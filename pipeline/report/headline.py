@@ -78,7 +78,7 @@ def _code(run: Path) -> str:
 
 
 def title(run: Path, rows: list[dict]) -> str:
-    """`tiny: recipe tiny, 2026-12-04, code d60ef77, final model runs/tiny/stages/03-dpo/model`."""
+    """`demo: recipe demo, 2026-12-04, code d60ef77, final model runs/demo/stages/03-dpo/model`."""
     manifest = read_json(Path(run) / "manifest.json") or {}
     final = next((r["model"] for r in reversed(rows) if r["checkpoint"] != BASE and r["model"]), None)
     return (f"{Path(run).name}: recipe {manifest.get('recipe', '?')}, {(manifest.get('created') or '?')[:10]}, "
