@@ -65,8 +65,11 @@ def run(tmp_path) -> Path:
 
 
 def test_headline_reports_each_stage_against_its_input_on_test(run):
-    assert headline.metrics([StageRecord.read(d) for d in sorted((run / "stages").iterdir())]) == (VAL, TEST)
-    rows = headline.stage_rows(run)
+    records = [StageRecord.read(d) for d in sorted((run / "stages").iterdir())]
+    assert headline.metrics(records, SPLITS) == (VAL, TEST)
+    h = headline.build(run)
+    assert (h.validation, h.test, h.splits) == (VAL, TEST, SPLITS)
+    rows = h.rows
     assert [r["checkpoint"] for r in rows] == ["00-base", "01-sft", "02-dpo"]
     sft, dpo = rows[1]["vs_input"], rows[2]["vs_input"]
     assert "vs_input" not in rows[0] and sft["n"] == dpo["n"] == 40
@@ -76,14 +79,14 @@ def test_headline_reports_each_stage_against_its_input_on_test(run):
         headline.sentence(rows[1])
     assert headline.sentence(rows[2]).startswith("dpo: -0.025 on test [-") and headline.sentence(rows[2]).endswith(
         "n=40: no significant change")
-    assert headline.title(run, rows) == ("demo: recipe demo, 2026-12-04, code abcdef0, final model "
+    assert headline.title(h) == ("demo: recipe demo, 2026-12-04, code abcdef0, final model "
                                          "runs/demo/stages/02-dpo/model")
     cells = headline.cells(rows[2])
     assert len(cells) == len(headline.COLUMNS) <= 8 and cells[0] == "02-dpo (beta2-lr1e-05)" and cells[-1] == "3.3 min"
 
 
 def test_markdown_has_the_title_a_short_table_sentences_and_the_sweep_apart(run):
-    md = headline.markdown(run)
+    md = headline.markdown(headline.build(run))
     tables = [line for line in md.splitlines() if line.startswith("| ")]
     assert md.startswith("## demo: recipe demo, 2026-12-04")
     assert all(line.count(" | ") <= 7 for line in tables)  # at most 8 columns

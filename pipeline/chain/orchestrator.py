@@ -167,7 +167,7 @@ class Run:
     def print_headline(self) -> None:
         """Log the run's headline (`pipeline.report.headline`) and where its leaderboard is (main process)."""
         if self.main:
-            log.info("%sleaderboard: %s", headline.markdown(self.root), self.root / "leaderboard.html")
+            log.info("%sleaderboard: %s", headline.markdown(headline.build(self.root)), self.root / "leaderboard.html")
 
 
 def _gate_half(record: StageRecord) -> str | None:

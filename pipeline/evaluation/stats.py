@@ -58,8 +58,3 @@ def paired_difference(a_dir: Path, b_dir: Path, metric: str, half: str | None = 
         p = 1.0 if diff == 0 else 0.0
     return {"diff": diff, "se": se, "ci_low": diff - Z95 * se, "ci_high": diff + Z95 * se, "n": n, "p_value": p}
 
-
-def describe(p: dict) -> str:
-    """`+0.030 +- 0.012 (paired SE, n=200), 95% CI [+0.006, +0.054], p=0.012`."""
-    return (f"{p['diff']:+.3f} +- {p['se']:.3f} (paired SE, n={p['n']}), 95% CI [{p['ci_low']:+.3f}, "
-            f"{p['ci_high']:+.3f}], p={p['p_value']:.3g}")

@@ -11,6 +11,7 @@ the same metric and filter on a task whose split is `test`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.evaluation import stats
@@ -21,14 +22,23 @@ COLUMNS = ("checkpoint", "validation", "test", "\u0394 test [95% CI]", "p", "gat
 SWEEP_COLUMNS = ("candidate", "beta", "learning rate", "selection half", "\u0394 vs input on it [95% CI]", "p")
 
 
-def _splits(records: list[StageRecord]) -> dict[str, str]:
-    return {task: split for r in records for task, split in ((r.eval or {}).get("splits") or {}).items()}
+@dataclass
+class Headline:
+    """One run's headline, read once from its folder (`build`) and written by every report."""
+
+    run: Path
+    manifest: dict  # manifest.json: recipe, date, code version
+    splits: dict[str, str]  # task -> split, from the eval records
+    validation: str | None  # the validation metric
+    test: str | None  # the test metric
+    rows: list[dict]  # one per scored checkpoint (`stage_row`)
+    sweeps: dict[str, list[dict]]  # sweep stage folder name -> its candidates (`sweep_rows`)
 
 
-def metrics(records: list[StageRecord]) -> tuple[str | None, str | None]:
-    """(validation metric, test metric) of a run's records: the gated metric (else the first one scored on a
-    validation split) and the same metric and filter on a test split; None where there is none."""
-    split = _splits(records)
+def metrics(records: list[StageRecord], split: dict[str, str]) -> tuple[str | None, str | None]:
+    """(validation metric, test metric) of a run's records (`split`: task -> split): the gated metric (else the
+    first one scored on a validation split) and the same metric and filter on a test split; None where there is
+    none."""
     scored = list(dict.fromkeys(k for r in records for k in r.scores()))
     on = {k: split.get(k.partition("/")[0]) for k in scored}
     gated = [r.gate["metric"] for r in records if r.gate and on.get(r.gate["metric"]) == "validation"]
@@ -38,29 +48,22 @@ def metrics(records: list[StageRecord]) -> tuple[str | None, str | None]:
     return validation, test
 
 
-def stage_rows(run: Path) -> list[dict]:
-    """One typed row per scored checkpoint of the run folder `run`, in chain order."""
-    folders = [(d, StageRecord.read(d)) for d in stage_folders(run)]
-    validation, test = metrics([r for _, r in folders])
-    out = []
-    for folder, record in folders:
-        if not record.eval:
-            continue
-        row = {"checkpoint": folder.name, "stage": record.stage, "selected": record.selected,
-               "model": record.output_model, "validation": record.scores().get(validation),
-               "test": record.scores().get(test), "gate": (record.gate or {}).get("verdict"),
-               "train_s": record.wall_time_s}
-        source = input_stage(folder) if folder.name != BASE else None
-        if test and source is not None:
-            row["vs_input"] = stats.paired_difference(eval_dir(source), eval_dir(folder), test)
-        out.append(row)
-    return out
+def stage_row(folder: Path, record: StageRecord, validation: str | None, test: str | None) -> dict:
+    """The typed row of a scored stage folder: its scores, the paired test difference to its input stage, gate
+    verdict and training time."""
+    row = {"checkpoint": folder.name, "stage": record.stage, "selected": record.selected,
+           "model": record.output_model, "validation": record.scores().get(validation),
+           "test": record.scores().get(test), "gate": (record.gate or {}).get("verdict"), "train_s": record.wall_time_s}
+    source = input_stage(folder) if folder.name != BASE else None
+    if test and source is not None:
+        row["vs_input"] = stats.paired_difference(eval_dir(source), eval_dir(folder), test)
+    return row
 
 
-def sweep_rows(stage: Path) -> list[dict]:
-    """The candidates of the sweep stage folder `stage`: settings, selection-half score, paired difference to
-    the input on that half, and whether it was selected."""
-    record, cands = StageRecord.read(stage), candidates(stage)
+def sweep_rows(stage: Path, record: StageRecord) -> list[dict]:
+    """The candidates of the sweep stage folder `stage` (its `record`): settings, selection-half score, paired
+    difference to the input on that half, and whether it was selected; empty for other stages."""
+    cands = candidates(stage)
     out = []
     for c in (record.metrics or {}).get("candidates", []):
         config = (cands[c["candidate"]].config if c["candidate"] in cands else None) or {}
@@ -71,18 +74,25 @@ def sweep_rows(stage: Path) -> list[dict]:
     return out
 
 
-def _code(run: Path) -> str:
-    code = (read_json(Path(run) / "manifest.json") or {}).get("code") or {}
-    commit = (code.get("git_commit") or "unknown")[:7]
-    return commit + (" (uncommitted changes)" if code.get("git_dirty") else "")
+def build(run: Path) -> Headline:
+    """The headline of the run folder `run`."""
+    run = Path(run)
+    folders = [(d, StageRecord.read(d)) for d in stage_folders(run)]
+    records = [r for _, r in folders]
+    split = {task: s for r in records for task, s in ((r.eval or {}).get("splits") or {}).items()}
+    validation, test = metrics(records, split)
+    return Headline(run, read_json(run / "manifest.json") or {}, split, validation, test,
+                    [stage_row(d, r, validation, test) for d, r in folders if r.eval],
+                    {d.name: rows for d, r in folders if (rows := sweep_rows(d, r))})
 
 
-def title(run: Path, rows: list[dict]) -> str:
+def title(h: Headline) -> str:
     """`demo: recipe demo, 2026-12-04, code d60ef77, final model runs/demo/stages/03-dpo/model`."""
-    manifest = read_json(Path(run) / "manifest.json") or {}
-    final = next((r["model"] for r in reversed(rows) if r["checkpoint"] != BASE and r["model"]), None)
-    return (f"{Path(run).name}: recipe {manifest.get('recipe', '?')}, {(manifest.get('created') or '?')[:10]}, "
-            f"code {_code(run)}, final model {final or '(none trained)'}")
+    code = h.manifest.get("code") or {}
+    commit = (code.get("git_commit") or "unknown")[:7] + (" (uncommitted changes)" if code.get("git_dirty") else "")
+    final = next((r["model"] for r in reversed(h.rows) if r["checkpoint"] != BASE and r["model"]), None)
+    return (f"{h.run.name}: recipe {h.manifest.get('recipe', '?')}, {(h.manifest.get('created') or '?')[:10]}, "
+            f"code {commit}, final model {final or '(none trained)'}")
 
 
 def _num(value: float | None) -> str:
@@ -133,19 +143,15 @@ def _table(head: tuple[str, ...], body: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in body)]
 
 
-def markdown(run: Path) -> str:
-    """The run's headline as Markdown: title, stage table, sentences, sweep tables ("" when nothing is scored)."""
-    rows = stage_rows(run)
-    if not rows:
+def markdown(h: Headline) -> str:
+    """The headline as Markdown: title, stage table, sentences, sweep tables ("" when nothing is scored)."""
+    if not h.rows:
         return ""
-    validation, test = metrics([StageRecord.read(d) for d in stage_folders(run)])
-    lines = [f"## {title(run, rows)}", "", f"validation: `{validation}`; test: `{test}`; \u0394 test: paired "
+    lines = [f"## {title(h)}", "", f"validation: `{h.validation}`; test: `{h.test}`; \u0394 test: paired "
              "difference to the stage's input on the same test problems.", "",
-             *_table(COLUMNS, [cells(r) for r in rows]), ""]
-    lines += [f"- {s}" for s in map(sentence, rows) if s]
-    for stage in stage_folders(run):
-        sweep = sweep_rows(stage)
-        if sweep:
-            lines += ["", f"### {stage.name}: sweep (selected on the selection half of validation; the gate judges "
-                      "the other half)", "", *_table(SWEEP_COLUMNS, [sweep_cells(r) for r in sweep])]
+             *_table(COLUMNS, [cells(r) for r in h.rows]), ""]
+    lines += [f"- {s}" for s in map(sentence, h.rows) if s]
+    for stage, sweep in h.sweeps.items():
+        lines += ["", f"### {stage}: sweep (selected on the selection half of validation; the gate judges the other "
+                  "half)", "", *_table(SWEEP_COLUMNS, [sweep_cells(r) for r in sweep])]
     return "\n".join(lines) + "\n"

@@ -69,11 +69,12 @@ def _row(run: Path, record: StageRecord, checkpoint: str, candidate: str | None,
     return {k: v for k, v in row.items() if v not in (None, "")}
 
 
-def rows(run_dirs: list[Path]) -> list[dict]:
-    """Leaderboard rows of every evaluated checkpoint (stages, then their sweep candidates) of each run."""
+def rows(heads: list[headline.Headline]) -> list[dict]:
+    """Leaderboard rows of every evaluated checkpoint (stages, then their sweep candidates) of each run (its
+    headline `heads` carries the stages' paired test differences)."""
     out = []
-    for run in map(Path, run_dirs):
-        tested = {r["checkpoint"]: r.get("vs_input") for r in headline.stage_rows(run)}
+    for h in heads:
+        run, tested = h.run, {r["checkpoint"]: r.get("vs_input") for r in h.rows}
         for stage_dir in stage_folders(run):
             record, cands = StageRecord.read(stage_dir), candidates(stage_dir)
             if record.eval:
@@ -91,10 +92,9 @@ def rows(run_dirs: list[Path]) -> list[dict]:
     return out
 
 
-def splits(run_dirs: list[Path]) -> dict[str, str]:
-    """`{task: split}` of every task scored in the runs (from the eval records)."""
-    return {task: split for run in map(Path, run_dirs) for d in stage_folders(run)
-            for task, split in ((StageRecord.read(d).eval or {}).get("splits") or {}).items()}
+def splits(heads: list[headline.Headline]) -> dict[str, str]:
+    """`{task: split}` of every task scored in the runs of `heads`."""
+    return {task: split for h in heads for task, split in h.splits.items()}
 
 
 def columns(table: list[dict]) -> list[str]:
@@ -154,24 +154,20 @@ def _html_table(head: tuple[str, ...], body: list[list[str]], marks: list[str]) 
     return f"<table><thead><tr>{th}</tr></thead><tbody>{tr}</tbody></table>"
 
 
-def _headline_html(run: Path) -> str:
-    """One run's headline (`pipeline.report.headline`) as HTML: title, stage table, sentences, sweep tables."""
-    table = headline.stage_rows(run)
-    if not table:
+def _headline_html(h: headline.Headline) -> str:
+    """One run's headline as HTML: title, stage table, sentences, sweep tables."""
+    if not h.rows:
         return ""
-    validation, test = headline.metrics([StageRecord.read(d) for d in stage_folders(run)])
-    marks = [f' class="{r["gate"]}"' if r.get("gate") in ("fail", "warn") else "" for r in table]
-    out = [f"<h2>{html.escape(headline.title(run, table))}</h2>",
-           f"<p>validation: <code>{html.escape(str(validation))}</code>; test: <code>{html.escape(str(test))}</code>"
-           "; \u0394 test: paired difference to the stage's input on the same test problems.</p>",
-           _html_table(headline.COLUMNS, [headline.cells(r) for r in table], marks),
-           "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in map(headline.sentence, table) if s) + "</ul>"]
-    for stage in stage_folders(run):
-        sweep = headline.sweep_rows(stage)
-        if sweep:
-            out += [f"<h3>{html.escape(stage.name)}: sweep (selected on the selection half of validation; the gate "
-                    "judges the other half)</h3>",
-                    _html_table(headline.SWEEP_COLUMNS, [headline.sweep_cells(r) for r in sweep], [""] * len(sweep))]
+    marks = [f' class="{r["gate"]}"' if r.get("gate") in ("fail", "warn") else "" for r in h.rows]
+    out = [f"<h2>{html.escape(headline.title(h))}</h2>",
+           f"<p>validation: <code>{html.escape(str(h.validation))}</code>; test: <code>{html.escape(str(h.test))}"
+           "</code>; \u0394 test: paired difference to the stage's input on the same test problems.</p>",
+           _html_table(headline.COLUMNS, [headline.cells(r) for r in h.rows], marks),
+           "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in map(headline.sentence, h.rows) if s) + "</ul>"]
+    for stage, sweep in h.sweeps.items():
+        out += [f"<h3>{html.escape(stage)}: sweep (selected on the selection half of validation; the gate judges the "
+                "other half)</h3>",
+                _html_table(headline.SWEEP_COLUMNS, [headline.sweep_cells(r) for r in sweep], [""] * len(sweep))]
     return "".join(out)
 
 
@@ -191,33 +187,34 @@ def _sweeps(run_dirs: list[Path]) -> list[tuple[str, StageRecord, dict[str, Stag
     return [(d.name, r, candidates(d)) for d, r in records if r.selected]
 
 
-def to_html(table: list[dict], run_dirs: list[Path]) -> str:
+def to_html(table: list[dict], heads: list[headline.Headline]) -> str:
     """The self-contained page: each run's headline, charts (inline SVG), the details table."""
     stages = [r for r in table if r["kind"] == "stage"]
     metrics, label = metric_names(table), _label(table)
     gated = [m for m in metrics if any(r.get("gate_metric") == m for r in table)] or metrics
     svgs = [charts.metric_per_stage(stages, m, label) for m in gated]
-    svgs += [charts.sweep_heatmap(*sweep) for sweep in _sweeps(run_dirs)]
+    svgs += [charts.sweep_heatmap(*sweep) for sweep in _sweeps([h.run for h in heads])]
     return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>Leaderboard</title><style>{STYLE}</style>'
-            f'</head><body><h1>Leaderboard</h1><div id="leaderboard">{"".join(map(_headline_html, run_dirs))}</div>'
+            f'</head><body><h1>Leaderboard</h1><div id="leaderboard">{"".join(map(_headline_html, heads))}</div>'
             f"<div id=\"charts\">{''.join(f'<div class=chart>{c}</div>' for c in svgs)}</div>"
-            f"{_details(table, splits(run_dirs))}</body></html>\n")
+            f"{_details(table, splits(heads))}</body></html>\n")
 
 
-def to_markdown(run_dirs: list[Path]) -> str:
+def to_markdown(heads: list[headline.Headline]) -> str:
     """The runs' headlines as Markdown."""
-    return "# Leaderboard\n\n" + "\n".join(filter(None, map(headline.markdown, map(Path, run_dirs))))
+    return "# Leaderboard\n\n" + "\n".join(filter(None, map(headline.markdown, heads)))
 
 
 def export(run_dirs: list[Path], out: Path) -> list[dict]:
     """Rebuild the leaderboard of `run_dirs` and write it in every format into `out`; return the rows."""
-    table = rows(run_dirs)
+    heads = [headline.build(run) for run in run_dirs]  # read each run folder once, for every format
+    table = rows(heads)
     out = Path(out)
     write_text(out / "leaderboard.csv", to_csv(table))
-    write_json(out / "leaderboard.json", {"columns": columns(table), "splits": splits(run_dirs), "rows": table,
-                                          "headline": {Path(r).name: headline.stage_rows(Path(r)) for r in run_dirs}})
-    write_text(out / "leaderboard.md", to_markdown(run_dirs))
-    write_text(out / "leaderboard.html", to_html(table, run_dirs))
+    write_json(out / "leaderboard.json", {"columns": columns(table), "splits": splits(heads), "rows": table,
+                                          "headline": {h.run.name: h.rows for h in heads}})
+    write_text(out / "leaderboard.md", to_markdown(heads))
+    write_text(out / "leaderboard.html", to_html(table, heads))
     return table
 
 
