@@ -21,6 +21,7 @@ checkpoint and exit 75), and the launcher waits for them: torch elastic is told 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args.quiet = False  # --quiet makes the launchers exit 1 instead of raising the child's code
     forward_signals()
     accelerate_launch.simple_launcher = one_process
+    accelerate_launch.logger.setLevel(logging.ERROR)  # not its list of options left at their defaults
     try:
         launch_command(args)
     except subprocess.CalledProcessError as err:

@@ -85,7 +85,8 @@ def test_candidates_are_scored_on_validation_only_and_the_selected_model_on_ever
     assert (dpo / samples).read_text() == (chosen / samples).read_text()
     assert stage["eval"]["settings"]["tasks"] == ["tiny_gsm_val", "tiny_gsm"]
     assert f"tiny_gsm_val taken from candidate {stage['metrics']['selected']}'s" in proc.stderr
-    assert proc.stderr.count("eval of 03-dpo: tiny_gsm/") == 1 and "eval of 03-dpo: tiny_gsm_val/" not in proc.stderr
+    scored = [line for line in proc.stderr.splitlines() if "03-dpo scored in" in line]
+    assert len(scored) == 1 and "tiny_gsm exact_match" in scored[0] and "tiny_gsm_val" not in scored[0]
 
 
 def test_selection_reports_each_candidate_against_the_input_with_its_interval(sweep_run, tmp_path):

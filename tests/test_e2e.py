@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, run_cli
+from conftest import FAST, ROOT, run_cli
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -23,12 +26,37 @@ def _changed(a: dict, b: dict) -> bool:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, cache_dir):
+def tiny_chain(tmp_path_factory, cache_dir):
+    """The FAST chain through `smol-pipeline`, as a user types it: (run folder, arguments, the process)."""
     out = tmp_path_factory.mktemp("runs")
     args = ["recipe=tiny", f"output_root={out}", f"cache_dir={cache_dir}", *FAST]
-    proc = run_cli(*args)
+    proc = subprocess.run([str(Path(sys.executable).with_name("smol-pipeline")), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out / "tiny", args
+    return out / "tiny", args, proc
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_chain):
+    return tiny_chain[:2]
+
+
+def test_terminal_reads_like_a_report(tiny_chain):
+    """No library warning, raw dict or Python repr on the terminal: one line per logging step, rounded figures,
+    the summary table and the leaderboard's path at the end; the trainers' full records are in pipeline.log."""
+    run, _, proc = tiny_chain
+    text = proc.stdout + proc.stderr
+    for noise in ("Warning", "warn(", "{'", "forward_call", "accelerate launch", "[WARNING]", "it/s]"):
+        assert noise not in text, noise
+    lines = proc.stderr.splitlines()
+    assert all(line.strip() for line in lines[: lines.index(next(x for x in lines if "## tiny" in x))])  # no blanks
+    steps = [line for line in lines if re.search(r" INFO 01-sft: step \d+/30, loss \d+\.\d{3}, [\d,]+ tokens/s", line)]
+    assert len(steps) == 7 and "ETA" in steps[1]  # steps 1, 5, ..., 30
+    assert re.search(r"sft: trained in [\w ]+: 30 steps, loss \d\.\d{3} -> \d\.\d{3}, padding \d+%", proc.stderr)
+    assert "| checkpoint | validation | test |" in proc.stderr
+    assert lines[-1] == f"leaderboard: {run / 'leaderboard.html'}"
+    log = (run / "pipeline.log").read_text()
+    assert "01-sft: step 5: loss=" in log and "learning_rate=" in log  # the trainer's own record, in the file only
 
 
 def test_run_folder_matches_the_contract(tiny_run):

@@ -111,7 +111,7 @@ def test_a_kill_during_eval_rescores_without_retraining(tmp_path, cache_dir):
     model_time = (stage / "model/model.safetensors").stat().st_mtime_ns
     again = run_cli(*args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "eval of 02-midtrain" in again.stderr and "training from" not in again.stderr
+    assert "02-midtrain scored in" in again.stderr and "training from" not in again.stderr
     assert (stage / "model/model.safetensors").stat().st_mtime_ns == model_time
     assert json.loads((stage / "stage.json").read_text())["eval"]["metrics"]
 
@@ -191,7 +191,7 @@ def test_sigkill_during_eval_rescores_only(tmp_path, cache_dir):
     weights = (tmp_path / "tiny/stages/01-sft/model/model.safetensors").stat().st_mtime_ns
     again = run_cli(*args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "training from" not in again.stderr and "eval of 01-sft" in again.stderr
+    assert "training from" not in again.stderr and "01-sft scored in" in again.stderr
     assert (tmp_path / "tiny/stages/01-sft/model/model.safetensors").stat().st_mtime_ns == weights
     assert json.loads(record.read_text())["eval"]["samples"] == {"tiny_gsm": 50}
 

@@ -47,3 +47,11 @@ def architecture(cfg: DictConfig) -> tuple[Path, dict | None]:
     if extension.builds_base(cfg):
         return extension.of(cfg).architecture(cfg)
     return Path(cfg.model.name_or_path).expanduser(), None
+
+
+def pending_build(cfg: DictConfig) -> Path | None:
+    """Where the recipe's extension will build the base model, when it builds one that is not built yet."""
+    if not extension.builds_base(cfg):
+        return None
+    path = extension.of(cfg).architecture(cfg)[0]
+    return None if path.is_dir() else path

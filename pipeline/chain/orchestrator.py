@@ -10,14 +10,14 @@ from __future__ import annotations
 import gc
 import logging
 import shutil
-import sys
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline import logs
 from pipeline.chain import manifest, outcome, sweep
-from pipeline.chain.basemodel import base_model, check_model_path
+from pipeline.chain.basemodel import base_model, check_model_path, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, decide, eval_fingerprint
 from pipeline.config import ConfigError, stage_section
 from pipeline.data import chat
@@ -26,36 +26,23 @@ from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, temp_name, write_json, write_text
 from pipeline.report import headline, leaderboard, modelcard
 from pipeline.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, eval_dir, run_dir
-from pipeline.train import preempt
+from pipeline.train import preempt, progress
 from pipeline.train.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
 
 log = logging.getLogger("pipeline")
-FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("padding_fraction", "padding {}"),
-           ("compute_s", "compute {} s"), ("data_wait_s", "data wait {} s"), ("peak_rss_mb", "peak RSS {} MB"))
-
-
-def setup_logging(path: Path | None, main: bool) -> None:
-    """Log to stderr (main process: info, others: warnings) and, on the main process, to `path`."""
-    for handler in list(log.handlers):
-        log.removeHandler(handler)
-        handler.close()
-    log.setLevel(logging.INFO if main else logging.WARNING)
-    log.propagate = False
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if path is not None:
-        handlers.append(logging.FileHandler(path, encoding="utf-8"))
-    for handler in handlers:
-        handler.setFormatter(fmt)
-        log.addHandler(handler)
+FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("compute_s", "compute {} s"),
+           ("data_wait_s", "data wait {} s"), ("peak_rss_mb", "peak RSS {} MB"))
 
 
 def training_summary(metrics: dict) -> str:
-    """A stage's training figures for the log, leaving out those it did not measure."""
+    """A stage's training figures for the log, rounded for people, leaving out those it did not measure."""
     parts = [f"{metrics['steps']} steps"] if metrics.get("steps") is not None else []
     if metrics.get("loss_first") is not None and metrics.get("loss_last") is not None:
-        parts.append(f"loss {metrics['loss_first']:.4f} -> {metrics['loss_last']:.4f}")
-    return ", ".join(parts + [fmt.format(metrics[key]) for key, fmt in FIGURES if metrics.get(key) is not None])
+        parts.append(f"loss {metrics['loss_first']:.3f} -> {metrics['loss_last']:.3f}")
+    if metrics.get("padding_fraction") is not None:
+        parts.append(f"padding {metrics['padding_fraction']:.0%}")
+    figures = [fmt.format(logs.figure(metrics[key])) for key, fmt in FIGURES if metrics.get(key) is not None]
+    return ", ".join(parts + figures)
 
 
 def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
@@ -98,11 +85,19 @@ class Run:
         self.history: list[tuple[str, dict]] = []  # (checkpoint, eval metrics) in chain order
         self.decisions: list[StageDecision] = []
         self._base: str | Path | None = None
+        self.base_build_s: float | None = None  # set when this run built the base model
 
     def base(self) -> str | Path:
         """The base model, resolved (and when built, built) only when something needs it."""
         if self._base is None:
+            pending, t0 = pending_build(self.cfg), time.time()
+            if pending:
+                log.info("building the base model with extension %s (once; kept in %s)", self.cfg.extension,
+                         pending.parent)
             self._base = base_model(self.cfg)
+            if pending:
+                self.base_build_s = round(time.time() - t0, 1)
+                log.info("base model built in %s: %s", progress.duration(self.base_build_s), self._base)
         return self._base
 
     def evaluate(self, model: str | Path, ev: dict, out_dir: Path) -> dict:
@@ -111,8 +106,8 @@ class Run:
             return {"metrics": {}}
         result = evaluate.run_eval(model, ev, self.tasks_dir, out_dir, self.cfg.model) if self.main else {}
         if self.main:
-            log.info("eval of %s: %s (%.1f s)", out_dir.parent.name,
-                     ", ".join(f"{k}={v:.4f}" for k, v in result["metrics"].items()), result["wall_time_s"])
+            log.info("%s scored in %s: %s", out_dir.parent.name, progress.duration(result["wall_time_s"]),
+                     logs.scores(result["metrics"]))
         return result
 
     def base_eval(self) -> None:
@@ -124,10 +119,11 @@ class Run:
         folder = base_dir(self.root)
         record = StageRecord.read(folder)
         if record.eval_fingerprint != efp:
-            log.info("stage 0: evaluating the base model")
             model = self.base()
+            log.info("stage 0: evaluating the base model")
+            built = {"build_s": self.base_build_s} if self.base_build_s is not None else None
             StageRecord(stage="base", index=0, status="done", eval_fingerprint=efp, output_model=str(model),
-                        eval=self.evaluate(model, ev, folder / "eval")).write(folder)
+                        metrics=built, eval=self.evaluate(model, ev, folder / "eval")).write(folder)
             record = StageRecord.read(folder)
         self.history.append((BASE, record.scores()))
 
@@ -218,7 +214,7 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
         from transformers import enable_full_determinism
 
         enable_full_determinism(cfg.seed)
-    setup_logging(run.root / "pipeline.log" if run.main else None, run.main)
+    logs.setup(run.root / "pipeline.log" if run.main else None, run.main)
     run.decisions = decide(cfg, run.root)
     if cfg.dpo.sweep.candidate is not None:  # a single sweep candidate: nothing after dpo
         run.decisions = run.decisions[: [d.name for d in run.decisions].index("dpo") + 1]
@@ -256,7 +252,7 @@ def _run_chain(run: Run) -> int:
             return gates.EXIT_GATE_STOP
         model = d.dir / "model"
     run.export()
-    log.info("run finished in %.1f s; final model: %s", time.time() - started, model)
+    log.info("run finished in %s; final model: %s", progress.duration(time.time() - started), model)
     run.print_headline()
     return 0
 
@@ -322,7 +318,8 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
         complete = set(_tasks(result.eval)) == set(evaluate.settings(run.cfg, d.name)["tasks"])
         record.eval, record.eval_fingerprint = result.eval, d.eval_fingerprint if complete else None
     record.write(d.dir)
-    log.info("%s: trained in %.1f s: %s", _label(run, d), time.time() - t0, training_summary(result.metrics))
+    log.info("%s: trained in %s: %s", _label(run, d), progress.duration(time.time() - t0),
+             training_summary(result.metrics))
     return True
 
 
@@ -355,7 +352,7 @@ def _scored(run: Run, d: StageDecision, ev: dict, earlier: dict | None, metrics:
     for task in done:
         source = candidate_dir(d.dir, selected) / "eval" / f"samples_{task}.jsonl"
         write_text(d.dir / "eval" / source.name, source.read_text())
-    log.info("eval of %s: %s taken from candidate %s's", d.dir.name, ", ".join(done), selected)
+    log.info("%s: %s taken from candidate %s's scoring", d.dir.name, ", ".join(done), selected)
     return evaluate.merge(earlier, rest, ev)
 
 

@@ -93,7 +93,8 @@ def train_candidates(ctx: StageContext, stage_fp: str, train: Train, evaluate: E
     for cand in cands if only is None else [cands[only]]:
         record = _candidate(ctx, stage_fp, cand, train, evaluate)
         metric = ctx.stage.gate.metric
-        log.info("candidate %s: %s = %s", cand["id"], metric or "-", _value(record, metric))
+        if metric:
+            log.info("candidate %s: %.3f on the selection half", cand["id"], _value(record, metric))
         records.append(record)
     return records
 
@@ -112,7 +113,8 @@ def _combine(ctx: StageContext, stage_fp: str, kind: str, models: list[Path], we
             merge.soup(models, out / "model")
         elif main:
             merge.linear_merge(models, weights, out / "model")
-    log.info("%s of %s (weights %s)", kind, sources, weights or "uniform")
+    log.info("%s of %s (%s)", kind, ", ".join(Path(m).parent.name for m in models),
+             f"weights {', '.join(map(str, weights))}" if weights else "equal weights")
     config = {"sources": sources, "weights": weights}
     return _score(StageRecord(stage=ctx.name, candidate=kind, fingerprint=fp, config=config), out, evaluate)
 
@@ -159,7 +161,7 @@ def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> T
              for r in candidates]
     half = stats.half_mean(Path(selected.output_model).parent / "eval", metric, "selection") if metric else None
     log.info("selected candidate %s by %s on the selection half of its problems: %s", selected.candidate,
-             metric or "(single candidate)", ", ".join(f"{r['candidate']}={r['selection_half']:.4f}" for r in table))
+             metric or "(single candidate)", ", ".join(f"{r['candidate']} {r['selection_half']:.3f}" for r in table))
     metrics = {**(selected.metrics or {}), "selected": selected.candidate,  # a soup or merge trained nothing
                "selected_by": metric or None, "tie_rule": TIE_RULE, "candidates": table,
                "selection_problems": half[1] if half else None}

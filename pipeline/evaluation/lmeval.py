@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import string
 import time
 from pathlib import Path
@@ -124,18 +125,12 @@ def metric_splits(ev: dict, tasks_dir: Path) -> dict[str, str]:
     return {task: split_of(tm.task_index[task].cfg) for task in ev["tasks"] if task in tm.task_index}
 
 
-@contextlib.contextmanager
-def lm_eval_to_log():
-    """While lm-eval runs, its log records (e.g. "`pretrained` model kwarg is not of type `str`") go to the
-    pipeline log's files only, not to the terminal (nowhere on a process without a log file)."""
-    lm_log = logging.getLogger("lm_eval")
-    saved = lm_log.handlers[:], lm_log.propagate
-    lm_log.handlers = [h for h in log.handlers if isinstance(h, logging.FileHandler)] or [logging.NullHandler()]
-    lm_log.propagate = False
-    try:
-        yield
-    finally:
-        lm_log.handlers, lm_log.propagate = saved
+def quiet_progress(lm: Any) -> None:
+    """No progress bars from `lm`'s request loops where the run shows none (`TQDM_DISABLE`, set off a terminal):
+    lm-eval passes its own `disable` to tqdm, which outranks the environment."""
+    if os.environ.get("TQDM_DISABLE") == "1":
+        for name in ("generate_until", "loglikelihood", "loglikelihood_rolling"):
+            setattr(lm, name, functools.partial(getattr(lm, name), disable_tqdm=True))
 
 
 def prompt_format(ev: dict) -> dict:
@@ -186,9 +181,10 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     tok = load_tokenizer(model_path, model_cfg, saved=True)
     fmt = prompt_format(ev)
     fast = fast_generation(ev)
-    with lm_eval_to_log(), lmeval_fast.applied() if fast else contextlib.nullcontext():
+    with lmeval_fast.applied() if fast else contextlib.nullcontext():
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=ev["batch_size"],
                   chat_template_args=fmt["chat_template_kwargs"])
+        quiet_progress(lm)
         results = simple_evaluate(
             model=lm, tasks=list(ev["tasks"]), num_fewshot=fmt["num_fewshot"], limit=ev["limit"] or None,
             apply_chat_template=fmt["apply_chat_template"], fewshot_as_multiturn=fmt["fewshot_as_multiturn"],

@@ -149,16 +149,18 @@ def greedy_until(lm: Any, context: Any, attention_mask: Any, max_length: int, st
     from pipeline.generation.kvcache import buffered_cache
 
     model, eos = lm.model, set(eos_ids(lm.model.generation_config))
-    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    accepts = inspect.signature(model.forward).parameters
+    last = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
     window = max((len(lm.tokenizer.encode(s, add_special_tokens=False)) for s in stop), default=0) + 2
     cache = buffered_cache(model.config, max_length)
+    cached = {"cache" if "cache" in accepts else "past_key_values": cache}  # transformers 5.2x renamed it
     rows, mask = torch.arange(len(context), device=context.device), attention_mask
     generated: list[list[int]] = [[] for _ in range(len(context))]
     dtype = getattr(lm, "mixed_precision_dtype", None)
     with torch.no_grad(), torch.autocast(device_type=context.device.type, dtype=dtype, enabled=dtype is not None):
         position = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        logits = model(input_ids=context, attention_mask=mask, position_ids=position, past_key_values=cache,
-                       use_cache=True, **last).logits
+        logits = model(input_ids=context, attention_mask=mask, position_ids=position, use_cache=True,
+                       **cached, **last).logits
         for step in range(max_length - context.shape[1]):
             tokens = logits[:, -1].float().argmax(-1)
             live = []
@@ -175,7 +177,7 @@ def greedy_until(lm: Any, context: Any, attention_mask: Any, max_length: int, st
             mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=-1)
             position = mask.long().sum(-1, keepdim=True) - 1
             logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=position,
-                           past_key_values=cache, use_cache=True).logits
+                           use_cache=True, **cached).logits
     out = context.new_full((len(context), context.shape[1] + max(map(len, generated))), lm.tokenizer.pad_token_id)
     out[:, :context.shape[1]] = context
     for i, ids in enumerate(generated):

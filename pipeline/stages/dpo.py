@@ -26,6 +26,7 @@ from pipeline.runfolder import StageContext
 from pipeline.train.distributed import main_writes
 from pipeline.train.models import load_model, load_tokenizer
 from pipeline.train.precision import matmul_precision
+from pipeline.train.progress import duration
 from pipeline.train.trainer import common_args, fit, lora_config, trl_config
 
 log = logging.getLogger("pipeline")
@@ -44,7 +45,9 @@ def _on_policy(ctx: StageContext) -> Any:
                 rows = rows.select(range(min(op.max_prompts, len(rows))))
             pairs, stats = on_policy_pairs(ctx.input_model, ctx.cfg.model, list(rows["prompt"]), list(rows["answer"]),
                                            op.samples, op.max_new_tokens, op.temperature, op.batch_size, ctx.cfg.seed)
-            log.info("on-policy pairs: %s", stats)
+            log.info("on-policy pairs: %d from %d prompts x %d samples (%.0f%% correct; %d prompts all correct, %d all "
+                     "wrong) in %s", stats["pairs"], stats["prompts"], op.samples, 100 * stats["correct_rate"],
+                     stats["all_correct"], stats["all_wrong"], duration(stats["sampling_s"]))
             write_json(ctx.stage_dir / "on_policy_stats.json", stats)
             write_text(path, "".join(json.dumps(p) + "\n" for p in pairs))
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]

@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import DictConfig
 from trl import GRPOConfig, GRPOTrainer
 
+from pipeline.logs import figure
 from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, reward_function
 from pipeline.runfolder import StageContext
@@ -53,5 +54,6 @@ def run(ctx: StageContext) -> dict:
     if main and heldout:
         trained = load_model(ctx.out_dir / "model", cfg.model, saved=True)
         after = greedy_reward(trained, tok, heldout, stage.max_new_tokens)
-    log.info("grpo: held-out greedy reward %s -> %s; training rewards %s", before, after, rewards)
+    log.info("grpo: held-out greedy reward %s -> %s; training reward %s at the last logged step", figure(before),
+             figure(after), figure(rewards[-1][1]) if rewards else "-")
     return {**metrics, "rewards": rewards, "heldout_reward_before": before, "heldout_reward_after": after}

@@ -19,6 +19,7 @@ import torch
 from accelerate import Accelerator
 
 from pipeline.files import write_text
+from pipeline.logs import figure
 from pipeline.rl.actor_critic import PPOLoop, ValueModel
 from pipeline.rl.heldout import greedy_reward, heldout_rows
 from pipeline.rl.rewards import load_prompts, resolve_reward_model, reward_function
@@ -112,7 +113,8 @@ def run(ctx: StageContext) -> dict:
     _save(ctx, loop, model, tok, metrics.pop("history"))
     last = loop.history[-min(5, len(loop.history)):]
     summary = {k: round(sum(h[k] for h in last) / len(last), 4) for k in SUMMARY} if last else {}
-    log.info("ppo: held-out greedy reward %s -> %s; last updates %s", before, after, summary)
+    log.info("ppo: held-out greedy reward %s -> %s; last updates: %s", figure(before), figure(after),
+             ", ".join(f"{k} {figure(v)}" for k, v in summary.items()))
     return {**metrics, "heldout_reward_before": before, "heldout_reward_after": after,
             "heldout_prompts": len(heldout), "last_updates": summary, "world_size": accelerator.num_processes,
             "value_model": str(ctx.out_dir / "value_model")}

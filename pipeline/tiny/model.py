@@ -52,7 +52,7 @@ def build_tokenizer(data: Path, vocab_size: int, out: Path) -> PreTrainedTokeniz
     tok.decoder = decoders.ByteLevel()
     specials = [DOC_SEP, "<|im_start|>", "<|im_end|>"]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(data), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token=DOC_SEP)
     fast.chat_template = CHAT_TEMPLATE

@@ -25,7 +25,7 @@ from pipeline.config import ConfigError
 from pipeline.data import prep
 from pipeline.files import commit_dir, read_json
 from pipeline.train import precision as prec
-from pipeline.train import preempt, tracking
+from pipeline.train import preempt, progress, tracking
 from pipeline.train.distributed import is_main, main_writes, trainer_state_args
 from pipeline.train.telemetry import MEMORY_LIMIT, Telemetry
 
@@ -111,6 +111,7 @@ def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int, matmul_prec
     """
     started = time.time()
     telemetry = Telemetry().attach(trainer)
+    progress.attach(trainer, out_dir.name)
     trainer.add_callback(guard := prec.NonFiniteGuard(nonfinite_limit))  # skips and counts non-finite steps
     with prec.matmul_precision(matmul_precision):
         result, resume = _train(trainer, tok, out_dir, telemetry)
