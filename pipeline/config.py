@@ -19,6 +19,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from pipeline.errors import ConfigError  # noqa: F401 - where the modules that load a config find it
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES_DIR = ROOT / "recipes"
 MIXTURES_DIR = ROOT / "data_mixtures"
@@ -52,10 +54,6 @@ def fingerprint_view(values: dict, schema: type) -> dict:
         elif is_dataclass(types[f.name]) and isinstance(out[f.name], dict):
             out[f.name] = fingerprint_view(out[f.name], types[f.name])
     return out
-
-
-class ConfigError(ValueError):
-    """Bad configuration or input: the run stops with exit code 2 before any heavy work."""
 
 
 @dataclass
@@ -135,7 +133,7 @@ class OptimConfig:
     eval: EvalConfig = arg("this stage's lm-eval settings over the top-level eval (null: inherit)", factory=EvalConfig)
     gate: GateConfig = arg("the gate judged after this stage's evaluation", factory=GateConfig)
     nonfinite_limit: int = arg("optimizer steps with a NaN/inf loss or gradient that are skipped (counted in the stage "
-                               "metrics) before the stage stops (exit 2)", 10, added=True)
+                               "metrics) before the stage stops (exit 4)", 10, added=True)
     use_liger_kernel: bool = arg("Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy): "
                                  "less memory at long context; CUDA and the liger-kernel package only", False,
                                  added=True)

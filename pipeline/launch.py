@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.chain.outcome import NAMES
+from pipeline.errors import NAMES
 
 RUN_SCRIPT = Path(__file__).resolve().with_name("run.py")
 RECIPE_ARG = re.compile(r"^[A-Za-z_][\w.\-]*=")

@@ -2,11 +2,11 @@
 launches this file and keeps its exit code: pipeline/launch.py); `--help` prints the usage (`USAGE`), `help=true
 [recipe=NAME key=value ...]` every key with its value in that recipe.
 
-Exit codes: 0 every stage passed; 2 bad config or bad input; 3 a gate stopped the chain; 75 a
-preemption signal (SIGTERM / SIGUSR1) made it save and stop; 1 a crash (its traceback is appended
-to `<run>/pipeline.log`). In every case but 2, rerunning the same command resumes. The main process
-records the outcome in `<run>/outcome.json` (pipeline/outcome.py), as `accelerate launch` reports
-every failure as 1.
+Exit codes (pipeline/errors.py): 0 every stage passed; 2 bad config or bad input; 3 a gate stopped the
+chain; 4 a stage could not finish training (diverged, disk full); 75 a preemption signal (SIGTERM / SIGUSR1)
+made it save and stop; 1 a crash (its traceback is appended to `<run>/pipeline.log`). The main process records
+the outcome in `<run>/outcome.json` (pipeline/chain/outcome.py), as `accelerate launch` reports every failure
+as 1.
 """
 
 from __future__ import annotations
@@ -20,16 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
-from pipeline.config import (  # noqa: E402
-    DEFAULT_RECIPE,
-    STAGE_KINDS,
-    ConfigError,
-    available_recipes,
-    describe,
-    load_config,
-)
+from pipeline import errors  # noqa: E402
+from pipeline.config import DEFAULT_RECIPE, STAGE_KINDS, available_recipes, describe, load_config  # noqa: E402
+from pipeline.errors import ConfigError, Preempted, TrainingFailed  # noqa: E402
 
-EXIT_BAD_INPUT = 2
 BAD_INPUT_GRACE_S = 10  # how long a rank other than the main one waits before it exits on bad input
 
 
@@ -56,8 +50,9 @@ Common overrides (dotted keys over the recipe):
   help=true                        every key with its value in this recipe: help=true recipe=NAME [key=value ...]
 
 Exit codes: 0 finished; 1 crashed (traceback in <run>/pipeline.log); 2 bad config or input (one line
-"error: ..."); 3 a gate stopped the chain; 75 preempted (SIGTERM / SIGUSR1; checkpoint saved). In every
-case but 2, rerunning the same command resumes.
+"error: ..."); 3 a gate stopped the chain; 4 training failed (diverged, disk full; earlier checkpoints kept);
+75 preempted (SIGTERM / SIGUSR1; checkpoint saved). Rerunning the same command resumes (after 2 or 4, fix the
+cause first).
 
 Examples:
   smol-pipeline                                          the default recipe, {default}: on CPU, minutes
@@ -129,9 +124,8 @@ class _LastError(logging.Filter):
 def run(cfg, argv: list[str]) -> int:
     """Run the chain on a parsed config; record the outcome (main process); return the exit code."""
     from pipeline.chain.orchestrator import run_pipeline
-    from pipeline.chain.outcome import EXIT_CRASH, Outcome
+    from pipeline.chain.outcome import Outcome
     from pipeline.runfolder import run_dir
-    from pipeline.train.preempt import EXIT_PREEMPTED, Preempted
 
     root, main = run_dir(cfg), _main_process()
     outcome, last_error = Outcome(root, cfg.dpo.sweep.candidate, argv), _LastError()
@@ -145,10 +139,13 @@ def run(cfg, argv: list[str]) -> int:
     except ConfigError as err:
         code, reason = _bad_input(err), str(err)
     except Preempted as err:
-        code, reason = EXIT_PREEMPTED, str(err)
+        code, reason = err.code, str(err)
         _say(f"preempted: {err}; rerun the same command to resume")
+    except TrainingFailed as err:
+        code, reason = err.code, str(err)
+        _say(f"training failed: {err}")
     except Exception as err:  # noqa: BLE001 - a crash: logged with its traceback, then exit 1
-        code, reason = EXIT_CRASH, f"{type(err).__name__}: {err}".splitlines()[0]
+        code, reason = errors.CRASHED, f"{type(err).__name__}: {err}".splitlines()[0]
         _crashed(root / "pipeline.log", reason)
     finally:
         logger.removeFilter(last_error)
@@ -173,7 +170,7 @@ def _bad_input(err: ConfigError) -> int:
     _say(f"error: {err}")
     if not _main_process():
         time.sleep(BAD_INPUT_GRACE_S)
-    return EXIT_BAD_INPUT
+    return err.code
 
 
 def _say(message: str, stream=None) -> None:

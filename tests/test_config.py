@@ -107,11 +107,11 @@ def test_smol_recipe_has_published_settings():
 
 @pytest.mark.parametrize("recipe", available_recipes())
 def test_every_shipped_recipe_has_gates_its_eval_produces(recipe, tmp_path):
-    from pipeline.chain.orchestrator import check_gates
+    from pipeline.chain.preflight import gate_metrics
     from pipeline.evaluation.lmeval import write_tasks
 
     cfg = load_config([f"recipe={recipe}", f"output_root={tmp_path}"])
-    check_gates(cfg, write_tasks(cfg, tmp_path / "tasks"))  # raises ConfigError otherwise
+    gate_metrics(cfg, write_tasks(cfg, tmp_path / "tasks"))  # raises ConfigError otherwise
 
 
 def test_length_grouped_sampling_reaches_the_trainer(tmp_path):

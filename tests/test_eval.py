@@ -194,7 +194,7 @@ def test_gsm8k_from_local_files_scores_a_real_checkpoint(gated_run, tmp_path):
 
 
 def test_validation_task_is_disjoint_scored_and_labelled(tmp_path, tiny_base, caplog):
-    from pipeline.chain.orchestrator import check_gates
+    from pipeline.chain.orchestrator import warn_test_split_gates
     from pipeline.tiny.data import DATA_KEYS, build_splits
 
     cfg = load_config(["recipe=tiny", *FAST, "eval.tasks=[tiny_gsm_val,tiny_gsm]", "eval.limit=5",
@@ -213,5 +213,5 @@ def test_validation_task_is_disjoint_scored_and_labelled(tmp_path, tiny_base, ca
     headers = leaderboard.headers([row], result["splits"])
     assert headers[METRIC] == f"{METRIC} [test]"
     assert headers["tiny_gsm_val/exact_match,strict-match"] == "tiny_gsm_val/exact_match,strict-match [validation]"
-    check_gates(cfg, tasks)  # FAST gates judge the test task: allowed, with a warning
+    warn_test_split_gates(cfg, tasks)  # FAST gates judge the test task: allowed, with a warning
     assert "judges tiny_gsm on a test split" in caplog.text

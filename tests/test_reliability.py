@@ -141,9 +141,11 @@ def test_full_disk_during_save_keeps_the_previous_checkpoint(reference, tmp_path
     cmd = [sys.executable, str(ROOT / "pipeline/run.py"), *_args(tmp_path, cache_dir, "redo=[sft]",
                                                                   "sft.max_steps=3")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, preexec_fn=small_files, timeout=600)
-    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.returncode == 4, proc.stderr[-3000:]  # training failed: not the input's fault, not a crash
     assert "could not write the checkpoint" in proc.stderr and "previous checkpoint (if any) is intact" in proc.stderr
-    assert len([line for line in proc.stderr.splitlines() if line.startswith("error: ")]) == 1
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("training failed: ")]) == 1
+    outcome = json.loads((run / "outcome.json").read_text())
+    assert (outcome["exit_code"], outcome["outcome"]) == (4, "training_failed")
     after = load_file(str(run / "stages/01-sft/model/model.safetensors"))
     assert all((before[k] == after[k]).all() for k in before)
     assert json.loads((run / "stages/01-sft/stage.json").read_text())["status"] != "done"

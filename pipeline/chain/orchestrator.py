@@ -15,19 +15,18 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import logs
-from pipeline.chain import manifest, outcome, sweep
-from pipeline.chain.basemodel import base_model, check_model_path, pending_build
-from pipeline.chain.resume import StageDecision, base_fingerprint, decide, eval_fingerprint
+from pipeline import errors, logs
+from pipeline.chain import manifest, outcome, preflight, sweep
+from pipeline.chain.basemodel import base_model, pending_build
+from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
 from pipeline.config import ConfigError, stage_section
-from pipeline.data import chat
 from pipeline.evaluation import gates, stats
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, temp_name, write_json, write_text
 from pipeline.report import headline, leaderboard, modelcard
 from pipeline.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, eval_dir, run_dir
 from pipeline.train import preempt, progress
-from pipeline.train.distributed import close_process_group, deepspeed_on, main_writes, process_state, share_cpu_threads
+from pipeline.train.distributed import close_process_group, main_writes, process_state, share_cpu_threads
 
 log = logging.getLogger("pipeline")
 FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("compute_s", "compute {} s"),
@@ -45,17 +44,11 @@ def training_summary(metrics: dict) -> str:
     return ", ".join(parts + figures)
 
 
-def check_gates(cfg: DictConfig, tasks_dir: Path) -> None:
-    """Refuse, before any work, gates on metrics their stage's evaluation does not produce."""
-    evaluate.expected_metrics(evaluate.settings(cfg, None), tasks_dir)  # unknown base-eval tasks fail here
-    for name in [n for n in cfg.stages if cfg[n].enabled]:
-        ev, gate = evaluate.settings(cfg, name), cfg[name].gate
-        produced = evaluate.expected_metrics(ev, tasks_dir)
-        if gate.metric and gate.metric not in produced:
-            raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce "
-                              f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
-        task = gate.metric.partition("/")[0]
-        if gate.metric and evaluate.metric_splits(ev, tasks_dir).get(task) == "test":
+def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:
+    """Warn about a gate that judges a test split: test numbers are for the report."""
+    for name in [n for n in cfg.stages if cfg[n].enabled and cfg[n].gate.metric]:
+        task, ev = cfg[name].gate.metric.partition("/")[0], evaluate.settings(cfg, name)
+        if evaluate.metric_splits(ev, tasks_dir).get(task) == "test":
             log.warning("the gate of stage %s judges %s on a test split: test numbers are for the report; gate and "
                         "select on a validation task (e.g. gsm8k_local_val)", name, task)
 
@@ -173,25 +166,12 @@ def _gate_half(record: StageRecord) -> str | None:
     return "gate" if len(m.get("candidates") or []) > 1 and m.get("selection_problems") else None
 
 
-def _refuse_ppo_under_deepspeed(cfg: DictConfig) -> None:
-    if deepspeed_on() and "ppo" in cfg.stages and cfg.ppo.enabled:
-        raise ConfigError("stage 'ppo' does not run under DeepSpeed (its loop trains a policy and a value model in one "
-                          "Accelerator; accelerate's DeepSpeed takes one model per engine): run the chain with "
-                          "ppo.enabled=false here, then the same command under recipes/accelerate/ddp.yaml (or "
-                          "cpu.yaml), which reuses the finished stages")
-
-
 def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     """Run the configured chain; return the exit code (0: every stage passed, 3: a gate stopped it)."""
     from accelerate.utils import broadcast_object_list
 
-    from pipeline.stages import trl_args
-
-    _refuse_ppo_under_deepspeed(cfg)
     share_cpu_threads()
     state = process_state(cfg.collective_timeout_s)
-    check_model_path(cfg)
-    trl_args.check(cfg)  # each stage's `trainer` mapping against the TRL config it builds
     root, candidate = run_dir(cfg), cfg.dpo.sweep.candidate
     # a single sweep candidate (a Slurm array task): array tasks share the run folder, one lock each
     lock = RunLock(root) if candidate is None else RunLock(root, f".lock-dpo-candidate-{candidate}")
@@ -215,14 +195,13 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
 
         enable_full_determinism(cfg.seed)
     logs.setup(run.root / "pipeline.log" if run.main else None, run.main)
-    run.decisions = decide(cfg, run.root)
-    if cfg.dpo.sweep.candidate is not None:  # a single sweep candidate: nothing after dpo
-        run.decisions = run.decisions[: [d.name for d in run.decisions].index("dpo") + 1]
     with main_writes() as main:
         if main:
             evaluate.write_tasks(cfg, run.tasks_dir)
-    check_gates(cfg, run.tasks_dir)
-    chat.check_chain(cfg)
+    run.decisions = preflight.check(cfg, run.root, run.tasks_dir)
+    if cfg.dpo.sweep.candidate is not None:  # a single sweep candidate: nothing after dpo
+        run.decisions = run.decisions[: [d.name for d in run.decisions].index("dpo") + 1]
+    warn_test_split_gates(cfg, run.tasks_dir)
     with main_writes() as main:
         if main:
             write_text(run.root / "resolved.yaml", OmegaConf.to_yaml(cfg))
@@ -249,7 +228,7 @@ def _run_chain(run: Run) -> int:
         if d.action != "reuse":
             _score(run, d)
         if _gate_stops(run, d):
-            return gates.EXIT_GATE_STOP
+            return errors.GATE_STOP
         model = d.dir / "model"
     run.export()
     log.info("run finished in %s; final model: %s", progress.duration(time.time() - started), model)

@@ -14,10 +14,9 @@ import contextlib
 import time
 from pathlib import Path
 
+from pipeline.errors import NAMES
 from pipeline.files import write_json
 
-EXIT_CRASH = 1  # an uncaught exception (Python's own code for it)
-NAMES = {0: "passed", 2: "bad_input", 3: "gate_stop", 75: "preempted", EXIT_CRASH: "crashed"}
 _current = {"stage": None}
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any
 
-EXIT_GATE_STOP = 3
 Z_ONE_SIDED = 1.645  # one-sided 95%
 NEEDS_MAX_DROP = ("no_significant_drop", "non_inferior")  # the tests that compare only with a max_drop set
 

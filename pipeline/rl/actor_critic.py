@@ -185,11 +185,8 @@ class PPOLoop:
                                        num_warmup_steps=int(args.warmup_ratio * total), num_training_steps=total,
                                        scheduler_specific_kwargs=kwargs)
         self.policy, self.value, self.optimizer = accelerator.prepare(policy, value_model, self.optimizer)
-        n = args.rollout_batch_size
-        if n % (args.num_minibatches * self.micro_per_minibatch):
-            raise ValueError(f"rollout_batch_size {n} must be divisible by num_minibatches x "
-                             f"gradient_accumulation_steps = {args.num_minibatches * self.micro_per_minibatch}")
-        self.micro = n // (args.num_minibatches * self.micro_per_minibatch)
+        # whole micro-batches per minibatch: pipeline.chain.preflight.ppo_batches refuses other sizes before any load
+        self.micro = args.rollout_batch_size // (args.num_minibatches * self.micro_per_minibatch)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _sum(self, t: torch.Tensor) -> torch.Tensor:

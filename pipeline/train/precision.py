@@ -9,7 +9,7 @@ optimizer states). On CPU `bf16` runs torch's CPU autocast (fp32 parameters and 
 A step whose gradients are not finite (a NaN/inf loss backpropagates into them) is skipped: `NonFiniteGuard`
 drops every gradient before the optimizer step (torch optimizers leave a parameter without a gradient
 untouched, its Adam moments included) and counts it; past the stage's `nonfinite_limit` the stage stops
-with `NonFiniteLimit` (exit code 2: change the recipe, e.g. the learning rate, before rerunning).
+with `NonFiniteLimit` (exit code 4: change the recipe, e.g. the learning rate, before rerunning).
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError, TrainingFailed
 
 log = logging.getLogger("pipeline")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class NonFiniteLimit(ConfigError):
-    """More non-finite steps than the stage allows: the run stops (exit code 2)."""
+class NonFiniteLimit(TrainingFailed):
+    """More non-finite steps than the stage allows: the run stops (exit code 4)."""
 
 
 def mixed_precision(precision: str) -> str:

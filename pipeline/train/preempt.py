@@ -2,7 +2,7 @@
 
 The signal only sets a flag. A training stage checks it after every optimizer step (agreeing
 across ranks), saves a checkpoint and stops; the orchestrator also checks it between stages. The
-process then exits with `EXIT_PREEMPTED`, and rerunning the same command resumes from that
+process then exits with `errors.PREEMPTED` (75), and rerunning the same command resumes from that
 checkpoint.
 """
 
@@ -13,14 +13,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from pipeline.errors import Preempted  # noqa: F401 - raised by the stages that check `requested`
 from pipeline.train.distributed import any_rank
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (a requeued Slurm job reruns the same command)
 _requested = {"signal": None}
-
-
-class Preempted(RuntimeError):
-    """Raised once a stage has saved its checkpoint after a preemption signal."""
 
 
 def _handler(signum: int, _frame: Any) -> None:

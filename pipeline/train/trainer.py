@@ -21,8 +21,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
-from pipeline.config import ConfigError
 from pipeline.data import prep
+from pipeline.errors import Preempted, TrainingFailed
 from pipeline.files import commit_dir, read_json
 from pipeline.train import precision as prec
 from pipeline.train import preempt, progress, tracking
@@ -93,7 +93,7 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
         result = trainer.train(resume_from_checkpoint=resume)
         preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
         if telemetry.memory_stop:
-            raise preempt.Preempted(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name}; checkpoint saved")
+            raise Preempted(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name}; checkpoint saved")
         save_trained(trainer, tok, out_dir / "model")
     unset_hf_deepspeed_config()  # ZeRO-3 must not partition what one process loads later (eval, sampling)
     with main_writes() as main:
@@ -215,7 +215,7 @@ def _gathered(model: Any) -> contextlib.AbstractContextManager:
 
 @contextlib.contextmanager
 def disk_errors_explained(out: Path) -> Iterator[None]:
-    """Turn a full or size-capped disk while writing checkpoints into one clear error (exit code 2)."""
+    """Turn a full or size-capped disk while writing checkpoints into one clear error (exit code 4)."""
     try:
         yield
     except Exception as err:
@@ -223,5 +223,5 @@ def disk_errors_explained(out: Path) -> Iterator[None]:
         if not (full or any(s in str(err) for s in ("No space left", "File too large", "Disk quota"))):
             raise
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[-1]
-        raise ConfigError(f"could not write the checkpoint {out} or its training checkpoints: {reason}; the "
+        raise TrainingFailed(f"could not write the checkpoint {out} or its training checkpoints: {reason}; the "
                           "previous checkpoint (if any) is intact - free space and rerun the same command") from None

@@ -1,0 +1,92 @@
+"""Every check that can be made before a model loads, in one pass: each check runs, and every problem found is
+reported at once, in one `ConfigError` (exit code 2), before the base model is built, loaded or scored.
+
+What a config alone cannot tell is checked here against what the run will meet: the base model's path and
+config, the trainer fields each stage passes to TRL, the device for the precision and memory switches, the PPO
+batch arithmetic, the chat template a chat stage needs, every data file and its rows (with the per-stage
+decisions: reuse, resume, train), and the metrics the gates read against the eval tasks. A stage's training data
+that only its input model can judge (rows longer than `max_length` in that model's tokens) is checked when the
+stage starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from pipeline.chain.basemodel import check_model_path
+from pipeline.chain.resume import StageDecision, decide
+from pipeline.data import chat
+from pipeline.errors import ConfigError
+from pipeline.evaluation import lmeval as evaluate
+from pipeline.stages import trl_args
+from pipeline.train import precision
+from pipeline.train.distributed import deepspeed_on
+
+
+def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
+    """Run every check (the eval tasks already written to `tasks_dir`); return the stage decisions, or raise one
+    ConfigError naming every problem."""
+    problems: list[str] = []
+
+    def attempt(check: Callable, *args: object) -> object:
+        try:
+            return check(*args)
+        except ConfigError as err:
+            problems.append(str(err))
+            return None
+
+    for one in (ppo_runs_here, check_model_path, trl_args.check, device_settings, ppo_batches, chat.check_chain):
+        attempt(one, cfg)
+    decisions = attempt(decide, cfg, root)
+    attempt(gate_metrics, cfg, tasks_dir)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+    return decisions  # type: ignore[return-value]
+
+
+def _enabled(cfg: DictConfig) -> list[str]:
+    return [name for name in cfg.stages if cfg[name].enabled]
+
+
+def ppo_runs_here(cfg: DictConfig) -> None:
+    """PPO's loop trains two models in one Accelerator: not under accelerate's DeepSpeed (one model per engine)."""
+    if deepspeed_on() and "ppo" in _enabled(cfg):
+        raise ConfigError("stage 'ppo' does not run under DeepSpeed (its loop trains a policy and a value model in one "
+                          "Accelerator; accelerate's DeepSpeed takes one model per engine): run the chain with "
+                          "ppo.enabled=false here, then the same command under recipes/accelerate/ddp.yaml (or "
+                          "cpu.yaml), which reuses the finished stages")
+
+
+def device_settings(cfg: DictConfig) -> None:
+    """The precision and each stage's memory switches (Liger kernels, activation offloading) on this device."""
+    precision.mixed_precision(cfg.model.precision)
+    for name in _enabled(cfg):
+        precision.memory_args(cfg[name])
+
+
+def ppo_batches(cfg: DictConfig) -> None:
+    """A PPO update's prompts split evenly into minibatches of whole micro-batches."""
+    if "ppo" not in _enabled(cfg):
+        return
+    ppo = cfg.ppo
+    parts = ppo.num_minibatches * max(1, ppo.gradient_accumulation_steps)
+    if ppo.rollout_batch_size % parts:
+        raise ConfigError(f"ppo.rollout_batch_size={ppo.rollout_batch_size} must be divisible by ppo.num_minibatches "
+                          f"x ppo.gradient_accumulation_steps = {ppo.num_minibatches} x "
+                          f"{max(1, ppo.gradient_accumulation_steps)} = {parts}")
+
+
+def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
+    """Each gate's metric is one its stage's evaluation produces (the base evaluation's tasks exist too)."""
+    evaluate.expected_metrics(evaluate.settings(cfg, None), tasks_dir)  # unknown base-eval tasks fail here
+    for name in _enabled(cfg):
+        ev, gate = evaluate.settings(cfg, name), cfg[name].gate
+        produced = evaluate.expected_metrics(ev, tasks_dir)
+        if gate.metric and gate.metric not in produced:
+            raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce "
+                              f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")

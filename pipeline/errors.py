@@ -1,0 +1,40 @@
+"""How a run ends: the exit codes (the one table of them) and the errors that carry one.
+
+    0   passed           every stage passed its gate
+    1   crashed          an unexpected exception (its traceback in <run>/pipeline.log); rerun to resume
+    2   bad_input        bad config or input (`ConfigError`), found before any model loads where it can be
+    3   gate_stop        a gate stopped the chain (the leaderboard is still written)
+    4   training_failed  a stage could not finish training (`TrainingFailed`): its losses diverged, or the disk
+                         is full; earlier checkpoints are intact; fix the cause, then rerun to resume
+    75  preempted        SIGTERM / SIGUSR1 or device memory: a checkpoint was saved (`Preempted`); rerun to resume
+"""
+
+from __future__ import annotations
+
+PASSED, CRASHED, BAD_INPUT, GATE_STOP, TRAINING_FAILED, PREEMPTED = 0, 1, 2, 3, 4, 75
+NAMES = {PASSED: "passed", CRASHED: "crashed", BAD_INPUT: "bad_input", GATE_STOP: "gate_stop",
+         TRAINING_FAILED: "training_failed", PREEMPTED: "preempted"}
+
+
+class PipelineError(Exception):
+    """An ending the pipeline foresees; `code` is its exit code."""
+
+    code = CRASHED
+
+
+class ConfigError(PipelineError, ValueError):
+    """Bad configuration or input: the run stops with exit code 2, before any heavy work where it can be known."""
+
+    code = BAD_INPUT
+
+
+class TrainingFailed(PipelineError):
+    """A stage could not finish training for a reason the message names (diverged, disk full): exit code 4."""
+
+    code = TRAINING_FAILED
+
+
+class Preempted(PipelineError):
+    """A stage saved its checkpoint and stopped after a preemption signal (or its memory alert): exit code 75."""
+
+    code = PREEMPTED
