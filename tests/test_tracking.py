@@ -16,7 +16,7 @@ from pipeline.config import TRACKERS, load_config
 from pipeline.run import main
 from pipeline.train.tracking import trainer_args
 
-TRACKER_DIRS = ("TENSORBOARD_LOGGING_DIR", "TRACKIO_DIR", "WANDB_DIR")
+TRACKER_DIRS = ("TENSORBOARD_LOGGING_DIR", "TRACKIO_DIR", "WANDB_DIR", "MLFLOW_TRACKING_URI")
 
 
 @pytest.fixture
@@ -47,13 +47,14 @@ def test_trainer_args_name_the_stage_and_pass_hub_settings_through(tmp_path, ins
 
 
 def test_tracker_files_go_into_the_run_folder(tmp_path, installed):
-    installed("wandb", "trackio")
-    cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", "report_to=[tensorboard,trackio,wandb]"])
+    installed("wandb", "trackio", "mlflow")
+    cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", "report_to=[tensorboard,trackio,wandb,mlflow]"])
     run = tmp_path / "tiny"
-    assert trainer_args(cfg, run / "stages/02-sft/work")["report_to"] == ["tensorboard", "trackio", "wandb"]
+    assert trainer_args(cfg, run / "stages/02-sft/work")["report_to"] == ["tensorboard", "trackio", "wandb", "mlflow"]
     assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(run.resolve() / "stages/02-sft/logs")
     assert os.environ["TRACKIO_DIR"] == str(run.resolve() / "trackio")  # trackio's database: <run>/trackio/
     assert os.environ["WANDB_DIR"] == str(run.resolve())  # W&B writes <run>/wandb/
+    assert os.environ["MLFLOW_TRACKING_URI"] == (run.resolve() / "mlruns").as_uri()  # not ./mlruns
 
 
 def test_a_tracker_set_elsewhere_keeps_its_folder(tmp_path, installed, monkeypatch):

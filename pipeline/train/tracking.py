@@ -4,8 +4,8 @@
 checks each one's package is installed); each trainer is named `<run_name>/<NN-stage>[/<candidate>]`. The
 trackers' local files stay in the run folder: TensorBoard's event files under the stage folder,
 `<stage>/[candidates/<id>/]logs/` (transformers' `TENSORBOARD_LOGGING_DIR`; the trainer's own output folder is
-removed after training), trackio's database in `<run>/trackio/` and W&B's offline files in `<run>/wandb/`, unless
-`TRACKIO_DIR` / `WANDB_DIR` say otherwise.
+removed after training), trackio's database in `<run>/trackio/`, W&B's offline files in `<run>/wandb/` and
+MLflow's file store in `<run>/mlruns/`, unless `TRACKIO_DIR` / `WANDB_DIR` / `MLFLOW_TRACKING_URI` say otherwise.
 """
 
 from __future__ import annotations
@@ -44,3 +44,5 @@ def _local_dirs(trackers: list[str], root: Path, stage: Path) -> None:
         os.environ.setdefault("TRACKIO_DIR", str(root / "trackio"))
     if every or "wandb" in trackers:
         os.environ.setdefault("WANDB_DIR", str(root))  # W&B writes <WANDB_DIR>/wandb/
+    if every or "mlflow" in trackers:
+        os.environ.setdefault("MLFLOW_TRACKING_URI", (root / "mlruns").as_uri())  # not ./mlruns where it was started
