@@ -25,6 +25,8 @@ from pipeline.stages import trl_args
 from pipeline.train import precision
 from pipeline.train.distributed import deepspeed_on
 
+FAILED = object()  # what a check that found a problem returns
+
 
 def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
     """Run every check (the eval tasks already written to `tasks_dir`); return the stage decisions, or raise one
@@ -36,10 +38,12 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
             return check(*args)
         except ConfigError as err:
             problems.append(str(err))
-            return None
+            return FAILED
 
-    for one in (ppo_runs_here, check_model_path, trl_args.check, device_settings, ppo_batches, chat.check_chain):
+    for one in (ppo_runs_here, trl_args.check, device_settings, ppo_batches):
         attempt(one, cfg)
+    if attempt(check_model_path, cfg) is not FAILED:  # the chat template is read from that model's tokenizer
+        attempt(chat.check_chain, cfg)
     decisions = attempt(decide, cfg, root)
     attempt(gate_metrics, cfg, tasks_dir)
     if len(problems) == 1:
