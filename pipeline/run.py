@@ -51,8 +51,8 @@ Common overrides (dotted keys over the recipe):
 
 Exit codes: 0 finished; 1 crashed (traceback in <run>/pipeline.log); 2 bad config or input (one line
 "error: ..."); 3 a gate stopped the chain; 4 training failed (diverged, disk full; earlier checkpoints kept);
-75 preempted (SIGTERM / SIGUSR1; checkpoint saved). Rerunning the same command resumes (after 2 or 4, fix the
-cause first).
+75 preempted (SIGTERM / SIGUSR1; checkpoint saved). Rerunning the same command resumes; after bad input or a
+failed training, fix the cause first.
 
 Examples:
   smol-pipeline                                          the default recipe, {default}: on CPU, minutes

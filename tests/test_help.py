@@ -8,8 +8,8 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.chain.outcome import NAMES
 from pipeline.config import STAGE_KINDS, available_recipes, load_config
+from pipeline.errors import NAMES
 from pipeline.run import main
 
 

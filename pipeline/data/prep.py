@@ -58,4 +58,4 @@ def wait_for_dir(path: Path, what: str) -> None:
 def log_rate(what: str, rows: int, started: float) -> None:
     """Log how fast a preparation step went, in rows/s."""
     took = max(time.monotonic() - started, 1e-9)
-    log.info("%s: %d rows in %.1f s (%.0f rows/s)", what, rows, took, rows / took)
+    log.info("%s: %s rows in %.1f s (%s rows/s)", what, f"{rows:,}", took, f"{rows / took:,.0f}")

@@ -108,7 +108,7 @@ def tokenised(dataset: Any, stage: Any, tok: Any, cache_dir: Path, name: str) ->
         if main and path.is_dir():
             log.info("%s: tokenised data: cache hit %s", name, path)
         elif main:
-            log.info("%s: tokenised data: cache miss, tokenising %d rows into %s", name, len(dataset), path)
+            log.info("%s: tokenised data: cache miss, tokenising %s rows into %s", name, f"{len(dataset):,}", path)
             tokens = tokenise(dataset, stage, tok)
             prep.slow_down_for_tests()
             with atomic_dir(path, first_wins=True) as tmp:  # another run sharing the cache may race

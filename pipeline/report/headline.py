@@ -147,8 +147,10 @@ def markdown(h: Headline) -> str:
     """The headline as Markdown: title, stage table, sentences, sweep tables ("" when nothing is scored)."""
     if not h.rows:
         return ""
-    lines = [f"## {title(h)}", "", f"validation: `{h.validation}`; test: `{h.test}`; \u0394 test: paired "
-             "difference to the stage's input on the same test problems.", "",
+    named = "; ".join(f"{split}: `{metric}`" for split, metric in (("validation", h.validation), ("test", h.test))
+                      if metric)
+    lines = [f"## {title(h)}", "", f"{named}; \u0394 test: paired difference to the stage's input on the same test "
+             "problems.", "",
              *_table(COLUMNS, [cells(r) for r in h.rows]), ""]
     lines += [f"- {s}" for s in map(sentence, h.rows) if s]
     for stage, sweep in h.sweeps.items():

@@ -1,0 +1,126 @@
+"""The chain's decisions (pipeline/chain/orchestrator.py), with stand-ins for training and scoring only: the order of
+stages and the handoff of checkpoints, gates that stop or warn, the exit code and outcome, reuse on a rerun.
+
+A stage's "training" writes a one-tensor checkpoint whose weight is the fraction of problems it gets right; its
+"scoring" reads the weight back and writes lm-eval-shaped per-problem results, so the paired gate tests, the
+leaderboard and the model cards run for real on them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig
+
+from pipeline.evaluation import lmeval
+from pipeline.run import main
+from pipeline.stages import STAGES
+
+N = 40  # problems per task
+GATE = "tiny_gsm/exact_match,strict-match"
+
+
+def _checkpoint(folder: Path, right: float) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"right": torch.tensor([right])}, str(folder / "model.safetensors"))
+    return folder
+
+
+class Chain:
+    """Stand-in training (`scores`: stage -> fraction right) and scoring, recording what each was given."""
+
+    def __init__(self, scores: dict[str, float]) -> None:
+        self.scores, self.trained, self.scored = scores, [], []
+
+    def train(self, ctx) -> dict:
+        self.trained.append((ctx.name, Path(ctx.input_model)))
+        _checkpoint(ctx.out_dir / "model", self.scores[ctx.name])
+        return {"steps": 3, "loss_first": 2.0, "loss_last": 1.0}
+
+    def run_eval(self, model, ev, tasks_dir, out_dir, model_cfg) -> dict:
+        self.scored.append(Path(model))
+        right = round(load_file(str(Path(model) / "model.safetensors"))["right"].item() * N)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics = {}
+        for task in ev["tasks"]:
+            rows = [{"doc_id": i, "filter": "strict-match", "exact_match": float(i < right)} for i in range(N)]
+            (out_dir / f"samples_{task}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            metrics[f"{task}/exact_match,strict-match"] = right / N
+        return {"metrics": metrics, "stderr": {}, "samples": {t: N for t in ev["tasks"]},
+                "splits": {"tiny_gsm": "test"}, "settings": ev, "wall_time_s": 0.0}
+
+
+@pytest.fixture
+def chain(tmp_path, monkeypatch):
+    """`chain(scores, *overrides) -> (exit code, run folder, Chain)`: the tiny recipe's sft -> midtrain on a stand-in
+    base checkpoint (0 right), in this process."""
+    base = _checkpoint(tmp_path / "base", 0.0)
+    LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=1,
+                vocab_size=16).save_pretrained(base)
+    fakes: list[Chain] = []
+
+    def go(scores: dict[str, float], *overrides: str) -> tuple[int, Path, Chain]:
+        fake = Chain(scores)
+        fakes.append(fake)
+        for kind in ("sft", "midtrain"):
+            monkeypatch.setitem(STAGES, kind, fake.train)
+        monkeypatch.setattr(lmeval, "run_eval", fake.run_eval)
+        code = main(["recipe=tiny", *FAST, f"output_root={tmp_path / 'runs'}", f"cache_dir={tmp_path / 'cache'}",
+                     f"model.name_or_path={base}", "model.chat_template=chatml", *overrides])
+        return code, tmp_path / "runs" / "tiny", fake
+    yield go
+    import logging
+
+    logging.captureWarnings(False)
+    for name in ("pipeline", "pipeline.detail"):
+        for handler in logging.getLogger(name).handlers:
+            handler.close()
+        logging.getLogger(name).handlers = []
+
+
+def _record(run: Path, stage: str) -> dict:
+    return json.loads((run / "stages" / stage / "stage.json").read_text())
+
+
+def test_each_stage_trains_from_the_previous_checkpoint_and_a_rerun_reuses_them(chain):
+    code, run, fake = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 0
+    base = Path(_record(run, "00-base")["output_model"])
+    assert fake.trained == [("sft", base), ("midtrain", run / "stages/01-sft/model")]
+    assert fake.scored == [base, run / "stages/01-sft/model", run / "stages/02-midtrain/model"]
+    for stage, value in (("01-sft", 0.5), ("02-midtrain", 0.75)):
+        record = _record(run, stage)
+        assert record["status"] == "done" and record["eval"]["metrics"][GATE] == value
+        assert record["gate"]["passed"] and record["gate"]["paired"]["n"] == N  # judged against the stage before
+    assert json.loads((run / "outcome.json").read_text())["outcome"] == "passed"
+    code, _, again = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 0 and again.trained == [] and again.scored == []  # finished stages are reused, not rescored
+
+
+def test_a_failed_stop_gate_ends_the_chain_with_exit_3_before_the_next_stage(chain):
+    code, run, fake = chain({"sft": 0.5, "midtrain": 0.75}, "sft.gate.action=stop", "sft.gate.min=0.9")
+    assert code == 3
+    assert [name for name, _ in fake.trained] == ["sft"] and not (run / "stages/02-midtrain/model").exists()
+    verdict = _record(run, "01-sft")["gate"]
+    assert not verdict["passed"] and verdict["action"] == "stop"
+    outcome = json.loads((run / "outcome.json").read_text())
+    assert (outcome["exit_code"], outcome["outcome"], outcome["stage"]) == (3, "gate_stop", "01-sft")
+    assert (run / "leaderboard.html").is_file()  # the leaderboard is still written
+
+
+def test_a_failed_warn_gate_marks_the_stage_and_goes_on(chain):
+    code, run, fake = chain({"sft": 0.5, "midtrain": 0.75}, "sft.gate.action=warn", "sft.gate.min=0.9")
+    assert code == 0 and [name for name, _ in fake.trained] == ["sft", "midtrain"]
+    assert not _record(run, "01-sft")["gate"]["passed"] and _record(run, "02-midtrain")["gate"]["passed"]
+
+
+def test_a_significant_drop_against_the_previous_checkpoint_fails_its_gate(chain):
+    code, run, _ = chain({"sft": 0.75, "midtrain": 0.25}, "midtrain.gate.action=stop", "midtrain.gate.max_drop=0.05")
+    assert code == 3
+    verdict = _record(run, "02-midtrain")["gate"]
+    assert not verdict["passed"] and verdict["paired"]["diff"] == pytest.approx(-0.5)
