@@ -77,7 +77,7 @@ def figure(value: float | int | None) -> str:
 
 
 def scores(metrics: dict[str, float]) -> str:
-    """`task/metric,filter` scores grouped by task: `tiny_gsm exact_match strict-match 0.930, flexible-extract
+    """`task/metric,filter` scores grouped by task: `gsm8k exact_match: strict-match 0.930, flexible-extract
     0.930; ...`."""
     tasks: dict[str, list[str]] = {}
     for key, value in metrics.items():

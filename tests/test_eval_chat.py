@@ -10,6 +10,7 @@ import shutil
 import pytest
 from conftest import ROOT
 
+from pipeline import logs
 from pipeline.config import load_config
 from pipeline.evaluation.lmeval import describe_format, prompt_format, run_eval, settings, write_tasks
 from pipeline.tiny.model import CHAT_TEMPLATE
@@ -29,14 +30,16 @@ def test_gsm8k_local_five_shot_multiturn_with_template_switches(tmp_path, tiny_b
                        "eval.max_gen_toks=4", "eval.chat_template_kwargs={enable_thinking: false}",
                        f"hub_mirror={FIXTURES}", f"output_root={tmp_path}"])  # GSM8K: openai/gsm8k via the mirror
     ev = settings(cfg, "sft")
-    pipeline_log = logging.getLogger("pipeline")
-    handler = logging.FileHandler(tmp_path / "pipeline.log")
-    pipeline_log.addHandler(handler)
+    saved = {n: list(logging.getLogger(n).handlers) for n in ("pipeline", *logs.LIBRARIES)}
+    logs.setup(tmp_path / "pipeline.log", main=True)  # as a run sets it up
     try:
         result = run_eval(model, ev, write_tasks(cfg, tmp_path / "tasks"), tmp_path / "eval", cfg.model)
     finally:
-        pipeline_log.removeHandler(handler)
-        handler.close()
+        logging.captureWarnings(False)
+        for name, handlers in saved.items():
+            for handler in logging.getLogger(name).handlers:
+                handler.close()
+            logging.getLogger(name).handlers = handlers
     assert result["samples"] == {"gsm8k_local": 2}
     assert result["prompt_format"] == "chat, 5-shot multi-turn, enable_thinking=False"
     assert describe_format(prompt_format(settings(cfg, None))) == "plain, 5-shot"  # the base row's format

@@ -14,13 +14,11 @@ from pipeline.train import progress
 
 
 @pytest.fixture
-def routed(tmp_path):
-    """The run's logging set up on a file, given back afterwards."""
+def restored():
+    """The loggers `logs.setup` changes, given back after the test."""
     names = ["pipeline", logs.DETAIL, *logs.LIBRARIES]
     saved = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate) for n in names}
-    path = tmp_path / "pipeline.log"
-    logs.setup(path, main=True)
-    yield path
+    yield
     logging.captureWarnings(False)
     for name, (handlers, propagate) in saved.items():
         logger = logging.getLogger(name)
@@ -29,7 +27,9 @@ def routed(tmp_path):
         logger.handlers, logger.propagate = handlers, propagate
 
 
-def test_library_records_and_warnings_reach_the_file_only(capsys, routed):
+def test_library_records_and_warnings_reach_the_file_only(capsys, restored, tmp_path):
+    routed = tmp_path / "pipeline.log"
+    logs.setup(routed, main=True)  # in the test itself: pytest catches warnings anew for each phase of a test
     logging.getLogger("pipeline").info("our line")
     logging.getLogger("transformers.modeling_utils").warning("a library's advice")
     logging.getLogger("DeepSpeed").warning("Setting accelerator to CPU")

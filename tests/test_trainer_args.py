@@ -3,6 +3,8 @@ sets and values TRL refuses stop the run before it starts (exit 2); an empty map
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import run_cli
 from omegaconf import OmegaConf
@@ -33,7 +35,8 @@ def test_unknown_field_exits_2_with_a_suggestion(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "unknown config key 'sft.trainer.neftune_nosie_alpha'" in proc.stderr
     assert "did you mean 'sft.trainer.neftune_noise_alpha'?" in proc.stderr
-    assert not list(tmp_path.iterdir())  # refused before the run folder is made
+    run = tmp_path / "tiny"  # refused by the preflight: the run folder says why, nothing was loaded or scored
+    assert not (run / "stages").exists() and json.loads((run / "outcome.json").read_text())["outcome"] == "bad_input"
 
 
 @pytest.mark.parametrize(("override", "owner"), [

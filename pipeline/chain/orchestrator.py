@@ -170,6 +170,7 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     """Run the configured chain; return the exit code (0: every stage passed, 3: a gate stopped it)."""
     from accelerate.utils import broadcast_object_list
 
+    preflight.ppo_runs_here(cfg)  # before DeepSpeed's process group; every other check: `preflight.check`
     share_cpu_threads()
     state = process_state(cfg.collective_timeout_s)
     root, candidate = run_dir(cfg), cfg.dpo.sweep.candidate

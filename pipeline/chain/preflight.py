@@ -40,7 +40,7 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
             problems.append(str(err))
             return FAILED
 
-    for one in (ppo_runs_here, trl_args.check, device_settings, ppo_batches):
+    for one in (trl_args.check, device_settings, ppo_batches):
         attempt(one, cfg)
     if attempt(check_model_path, cfg) is not FAILED:  # the chat template is read from that model's tokenizer
         attempt(chat.check_chain, cfg)
@@ -58,7 +58,8 @@ def _enabled(cfg: DictConfig) -> list[str]:
 
 
 def ppo_runs_here(cfg: DictConfig) -> None:
-    """PPO's loop trains two models in one Accelerator: not under accelerate's DeepSpeed (one model per engine)."""
+    """PPO's loop trains two models in one Accelerator: not under accelerate's DeepSpeed (one model per engine).
+    Checked first of all, before the process group that DeepSpeed would shape (`run_pipeline`)."""
     if deepspeed_on() and "ppo" in _enabled(cfg):
         raise ConfigError("stage 'ppo' does not run under DeepSpeed (its loop trains a policy and a value model in one "
                           "Accelerator; accelerate's DeepSpeed takes one model per engine): run the chain with "
