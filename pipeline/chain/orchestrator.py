@@ -180,12 +180,18 @@ def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
     broadcast_object_list(problem)
     if problem[0]:
         raise ConfigError(problem[0])
+    together = False  # whether every rank reached the same ending (a finished chain, a gate stop, a preemption)
     try:
-        return _run_chain(_start(cfg, argv, Run(cfg, root, state.num_processes, state.is_main_process)))
+        code = _run_chain(_start(cfg, argv, Run(cfg, root, state.num_processes, state.is_main_process)))
+        together = True
+        return code
+    except errors.Preempted:
+        together = True
+        raise
     finally:
         if state.is_main_process:
             lock.release()
-        close_process_group()
+        close_process_group(together)
 
 
 def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:

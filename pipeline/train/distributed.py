@@ -96,7 +96,11 @@ def share_cpu_threads() -> None:
     torch.set_num_threads(int(os.environ.get("PIPELINE_CPU_THREADS", 0)) or max(1, share))
 
 
-def close_process_group() -> None:
-    """Destroy a live process group (a live gloo group can abort the interpreter at exit)."""
+def close_process_group(together: bool = False) -> None:
+    """Destroy a live process group (a live gloo group can abort the interpreter at exit). `together`: every rank
+    ends here at the same point, so they first wait for each other, and none closes its connections while another
+    still uses them."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if together and torch.distributed.get_world_size() > 1:
+            torch.distributed.barrier()
         torch.distributed.destroy_process_group()
