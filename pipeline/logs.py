@@ -67,6 +67,16 @@ def detail(message: str, *args: object) -> None:
     logging.getLogger(DETAIL).info(message, *args)
 
 
+def duration(seconds: float) -> str:
+    """`45 s`, `3 min 05 s`, `1 h 02 min`: a time for people."""
+    s = round(seconds)
+    if s < 100:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 def figure(value: float | int | None) -> str:
     """A number for people: `12,475`, `118.3`, `0.69`, `3e-06`; `-` for None."""
     if value is None:

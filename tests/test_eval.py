@@ -194,7 +194,7 @@ def test_gsm8k_from_local_files_scores_a_real_checkpoint(gated_run, tmp_path):
 
 
 def test_validation_task_is_disjoint_scored_and_labelled(tmp_path, tiny_base, caplog):
-    from pipeline.chain.orchestrator import warn_test_split_gates
+    from pipeline.chain.preflight import warn_test_split_gates
     from pipeline.tiny.data import DATA_KEYS, build_splits
 
     cfg = load_config(["recipe=tiny", *FAST, "eval.tasks=[tiny_gsm_val,tiny_gsm]", "eval.limit=5",

@@ -48,7 +48,7 @@ def test_figures_and_scores_for_people():
         ["12,475", "118", "7.0", "0.69", "3e-06", "-"]
     assert logs.scores({"gsm/exact_match,strict-match": 0.5, "gsm/exact_match,flexible-extract": 0.25}) == \
         "gsm exact_match: strict-match 0.500, flexible-extract 0.250"
-    assert [progress.duration(s) for s in (4.4, 99, 185, 3725)] == ["4 s", "99 s", "3 min 05 s", "1 h 02 min"]
+    assert [logs.duration(s) for s in (4.4, 99, 185, 3725)] == ["4 s", "99 s", "3 min 05 s", "1 h 02 min"]
 
 
 def test_one_line_per_logging_step_with_rate_and_eta(monkeypatch):

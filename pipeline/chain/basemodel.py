@@ -53,5 +53,5 @@ def pending_build(cfg: DictConfig) -> Path | None:
     """Where the recipe's extension will build the base model, when it builds one that is not built yet."""
     if not extension.builds_base(cfg):
         return None
-    path = extension.of(cfg).architecture(cfg)[0]
+    path = architecture(cfg)[0]
     return None if path.is_dir() else path

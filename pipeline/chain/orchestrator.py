@@ -25,7 +25,7 @@ from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, temp_name, write_json, write_text
 from pipeline.report import headline, leaderboard, modelcard
 from pipeline.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, eval_dir, run_dir
-from pipeline.train import preempt, progress
+from pipeline.train import preempt
 from pipeline.train.distributed import close_process_group, main_writes, process_state, share_cpu_threads
 
 log = logging.getLogger("pipeline")
@@ -42,15 +42,6 @@ def training_summary(metrics: dict) -> str:
         parts.append(f"padding {metrics['padding_fraction']:.0%}")
     figures = [fmt.format(logs.figure(metrics[key])) for key, fmt in FIGURES if metrics.get(key) is not None]
     return ", ".join(parts + figures)
-
-
-def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:
-    """Warn about a gate that judges a test split: test numbers are for the report."""
-    for name in [n for n in cfg.stages if cfg[n].enabled and cfg[n].gate.metric]:
-        task, ev = cfg[name].gate.metric.partition("/")[0], evaluate.settings(cfg, name)
-        if evaluate.metric_splits(ev, tasks_dir).get(task) == "test":
-            log.warning("the gate of stage %s judges %s on a test split: test numbers are for the report; gate and "
-                        "select on a validation task (e.g. gsm8k_local_val)", name, task)
 
 
 def open_run_dir(root: Path, lock: RunLock) -> str | None:
@@ -90,7 +81,7 @@ class Run:
             self._base = base_model(self.cfg)
             if pending:
                 self.base_build_s = round(time.time() - t0, 1)
-                log.info("base model built in %s: %s", progress.duration(self.base_build_s), self._base)
+                log.info("base model built in %s: %s", logs.duration(self.base_build_s), self._base)
         return self._base
 
     def evaluate(self, model: str | Path, ev: dict, out_dir: Path) -> dict:
@@ -99,7 +90,7 @@ class Run:
             return {"metrics": {}}
         result = evaluate.run_eval(model, ev, self.tasks_dir, out_dir, self.cfg.model) if self.main else {}
         if self.main:
-            log.info("%s scored in %s: %s", out_dir.parent.name, progress.duration(result["wall_time_s"]),
+            log.info("%s scored in %s: %s", out_dir.parent.name, logs.duration(result["wall_time_s"]),
                      logs.scores(result["metrics"]))
         return result
 
@@ -208,7 +199,6 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
     run.decisions = preflight.check(cfg, run.root, run.tasks_dir)
     if cfg.dpo.sweep.candidate is not None:  # a single sweep candidate: nothing after dpo
         run.decisions = run.decisions[: [d.name for d in run.decisions].index("dpo") + 1]
-    warn_test_split_gates(cfg, run.tasks_dir)
     with main_writes() as main:
         if main:
             write_text(run.root / "resolved.yaml", OmegaConf.to_yaml(cfg))
@@ -238,7 +228,7 @@ def _run_chain(run: Run) -> int:
             return errors.GATE_STOP
         model = d.dir / "model"
     run.export()
-    log.info("run finished in %s; final model: %s", progress.duration(time.time() - started), model)
+    log.info("run finished in %s; final model: %s", logs.duration(time.time() - started), model)
     run.print_headline()
     return 0
 
@@ -304,7 +294,7 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
         complete = set(_tasks(result.eval)) == set(evaluate.settings(run.cfg, d.name)["tasks"])
         record.eval, record.eval_fingerprint = result.eval, d.eval_fingerprint if complete else None
     record.write(d.dir)
-    log.info("%s: trained in %s: %s", _label(run, d), progress.duration(time.time() - t0),
+    log.info("%s: trained in %s: %s", _label(run, d), logs.duration(time.time() - t0),
              training_summary(result.metrics))
     return True
 

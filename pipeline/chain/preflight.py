@@ -11,6 +11,7 @@ stage starts.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from pipeline.stages import trl_args
 from pipeline.train import precision
 from pipeline.train.distributed import deepspeed_on
 
+log = logging.getLogger("pipeline")
 FAILED = object()  # what a check that found a problem returns
 
 
@@ -50,6 +52,7 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
         raise ConfigError(problems[0])
     if problems:
         raise ConfigError(f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+    warn_test_split_gates(cfg, tasks_dir)
     return decisions  # type: ignore[return-value]
 
 
@@ -95,3 +98,12 @@ def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
         if gate.metric and gate.metric not in produced:
             raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce "
                               f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
+
+
+def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:
+    """Warn about a gate that judges a test split (allowed: test numbers are for the report)."""
+    for name in [n for n in _enabled(cfg) if cfg[n].gate.metric]:
+        task, ev = cfg[name].gate.metric.partition("/")[0], evaluate.settings(cfg, name)
+        if evaluate.metric_splits(ev, tasks_dir).get(task) == "test":
+            log.warning("the gate of stage %s judges %s on a test split: test numbers are for the report; gate and "
+                        "select on a validation task (e.g. gsm8k_local_val)", name, task)

@@ -22,11 +22,11 @@ from trl import DPOConfig, DPOTrainer
 from pipeline.config import ConfigError
 from pipeline.data.mixtures import load_mixture
 from pipeline.files import atomic_dir, write_json, write_text
+from pipeline.logs import duration
 from pipeline.runfolder import StageContext
 from pipeline.train.distributed import main_writes
 from pipeline.train.models import load_model, load_tokenizer
 from pipeline.train.precision import matmul_precision
-from pipeline.train.progress import duration
 from pipeline.train.trainer import common_args, fit, lora_config, trl_config
 
 log = logging.getLogger("pipeline")

@@ -38,9 +38,10 @@ def process_state(timeout_s: int) -> PartialState:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # what DeepSpeed picks without a GPU, without its warning
     if deepspeed_on():
         import deepspeed  # noqa: F401 - imported before the run's logging takes over its stdout handler
-    if deepspeed_on() and not torch.cuda.is_available():
-        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")  # per DeepSpeed call
-        return PartialState(backend="gloo", timeout=timeout)
+
+        if not torch.cuda.is_available():
+            warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")  # per DeepSpeed call
+            return PartialState(backend="gloo", timeout=timeout)
     return PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
 
 

@@ -12,21 +12,11 @@ from typing import Any
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-from pipeline.logs import detail
+from pipeline.logs import detail, duration
 
 log = logging.getLogger("pipeline")
 # figures worth a person's glance besides the loss, as the TRL trainers log them: (key, label)
 EXTRAS = (("rewards/margins", "reward margin"), ("rewards/accuracies", "pair accuracy"), ("reward", "reward"))
-
-
-def duration(seconds: float) -> str:
-    """`45 s`, `3 min 05 s`, `1 h 02 min`: a time for people."""
-    s = round(seconds)
-    if s < 100:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 class StepLines(TrainerCallback):
