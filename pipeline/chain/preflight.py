@@ -3,10 +3,10 @@ reported at once, in one `ConfigError` (exit code 2), before the base model is b
 
 What a config alone cannot tell is checked here against what the run will meet: the base model's path and
 config, the trainer fields each stage passes to TRL, the device for the precision and memory switches, the PPO
-batch arithmetic, the chat template a chat stage needs, every data file and its rows (with the per-stage
-decisions: reuse, resume, train), and the metrics the gates read against the eval tasks. A stage's training data
-that only its input model can judge (rows longer than `max_length` in that model's tokens) is checked when the
-stage starts.
+batch arithmetic, vLLM where a backend asks for it (installed, serving the model), the chat template a chat stage
+needs, every data file and its rows (with the per-stage decisions: reuse, resume, train), and the metrics the
+gates read against the eval tasks. A stage's training data that only its input model can judge (rows longer than
+`max_length` in that model's tokens) is checked when the stage starts.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pipeline.chain.resume import StageDecision, decide
 from pipeline.data import chat
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
+from pipeline.generation import engines
 from pipeline.stages import trl_args
 from pipeline.train import precision
 from pipeline.train.distributed import deepspeed_on
@@ -42,7 +43,7 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
             problems.append(str(err))
             return FAILED
 
-    for one in (trl_args.check, device_settings, ppo_batches):
+    for one in (trl_args.check, device_settings, ppo_batches, engines.check):
         attempt(one, cfg)
     if attempt(check_model_path, cfg) is not FAILED:  # the chat template is read from that model's tokenizer
         attempt(chat.check_chain, cfg)

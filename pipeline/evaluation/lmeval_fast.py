@@ -16,7 +16,7 @@ On a small model `lm_eval.simple_evaluate` spends a good part of its time outsid
 `applied()` installs all three for the length of a `with` block (`evaluate.run_eval`, unless
 `eval.fast_generation=false`); `drift()` names a target that an lm-eval or transformers version has renamed or
 changed, and `run_eval` then uses stock lm-eval. tests/test_lmeval_fast.py checks that the answers are the same as
-stock lm-eval's; bench/lmeval_patches.py measures what they save.
+stock lm-eval's; bench/generation.py measures what they save.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from pipeline.evaluation.gsm import is_correct
+from pipeline.generation import engines
 from pipeline.generation.generate import generate
 from pipeline.train.models import load_model, load_tokenizer
 from pipeline.train.precision import inference_dtype
@@ -44,14 +45,22 @@ def build_pairs(prompts: list[Chat], answers: list[str], samples: list[list[str]
 
 
 def on_policy_pairs(model_path: str | Path, model_cfg: Any, prompts: list[Chat], answers: list[str], k: int,
-                    max_new_tokens: int, temperature: float, batch_size: int, seed: int) -> tuple[list[dict], dict]:
-    """Load the model at `model_path` as the stage trains it (`model.*` settings, in `model.precision`'s inference
-    dtype), sample and build pairs."""
+                    max_new_tokens: int, temperature: float, batch_size: int, seed: int,
+                    backend: str = "hf") -> tuple[list[dict], dict]:
+    """Sample from the model at `model_path` under its chat template as the stage trains it (`model.*` settings)
+    and build pairs. `hf`: the model loaded in `model.precision`'s inference dtype; `vllm`: a vLLM engine (its
+    start counted in `sampling_s`)."""
     tokenizer = load_tokenizer(model_path, model_cfg)
-    model = load_model(model_path, model_cfg, dtype=inference_dtype(model_cfg.precision))
-    if torch.cuda.is_available():
-        model.to("cuda")
     started = time.perf_counter()
-    samples = sample_answers(model, tokenizer, prompts, k, max_new_tokens, temperature, batch_size, seed)
+    if backend == "vllm":
+        with engines.engine(model_path, seed) as llm:
+            samples = engines.sample(llm, prompts, k, max_new_tokens, temperature, seed, tokenizer.chat_template)
+    else:
+        model = load_model(model_path, model_cfg, dtype=inference_dtype(model_cfg.precision))
+        if torch.cuda.is_available():
+            model.to("cuda")
+        samples = sample_answers(model, tokenizer, prompts, k, max_new_tokens, temperature, batch_size, seed)
     pairs, stats = build_pairs(prompts, answers, samples)
-    return pairs, {**stats, "sampling_s": round(time.perf_counter() - started, 2)}
+    generated = sum(len(tokenizer(s, add_special_tokens=False).input_ids) for group in samples for s in group)
+    return pairs, {**stats, "backend": backend, "generated_tokens": generated,
+                   "sampling_s": round(time.perf_counter() - started, 2)}

@@ -44,7 +44,8 @@ def _on_policy(ctx: StageContext) -> Any:
             if op.max_prompts:
                 rows = rows.select(range(min(op.max_prompts, len(rows))))
             pairs, stats = on_policy_pairs(ctx.input_model, ctx.cfg.model, list(rows["prompt"]), list(rows["answer"]),
-                                           op.samples, op.max_new_tokens, op.temperature, op.batch_size, ctx.cfg.seed)
+                                           op.samples, op.max_new_tokens, op.temperature, op.batch_size, ctx.cfg.seed,
+                                           op.backend)
             log.info("on-policy pairs: %d from %d prompts x %d samples (%.0f%% correct; %d prompts all correct, %d all "
                      "wrong) in %s", stats["pairs"], stats["prompts"], op.samples, 100 * stats["correct_rate"],
                      stats["all_correct"], stats["all_wrong"], duration(stats["sampling_s"]))

@@ -26,7 +26,8 @@ def grpo_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictCo
     base.pop("max_length")  # GRPO bounds prompts by the data and completions by max_completion_length
     return trl_config(GRPOConfig, stage, dict(
         **base, num_generations=stage.num_generations, max_completion_length=stage.max_new_tokens,
-        temperature=stage.temperature, beta=stage.beta, include_num_input_tokens_seen="non_padding"))
+        temperature=stage.temperature, beta=stage.beta, include_num_input_tokens_seen="non_padding",
+        **({"use_vllm": True, "vllm_mode": "colocate"} if stage.get("backend") == "vllm" else {})))
 
 
 def run(ctx: StageContext) -> dict:

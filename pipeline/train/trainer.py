@@ -51,7 +51,7 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Dict
         per_device_train_batch_size=stage.per_device_train_batch_size,
         gradient_accumulation_steps=stage.gradient_accumulation_steps,
         max_length=stage.max_length,
-        activation_checkpointing=stage.activation_checkpointing,
+        gradient_checkpointing=stage.activation_checkpointing,  # activation_checkpointing from transformers 5.20
         logging_steps=stage.logging_steps,
         logging_first_step=True,
         save_steps=stage.save_steps,
