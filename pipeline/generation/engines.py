@@ -117,11 +117,12 @@ def shutdown(llm: Any) -> None:
     gc.collect()
 
 
-def sample(llm: Any, prompts: list[list[dict]], k: int, max_new_tokens: int, temperature: float, seed: int,
+def sample(llm: Any, prompts: list[list[dict]], k: int, max_new_tokens: int, temperature: float,
            chat_template: str | None = None) -> list[list[str]]:
-    """For each chat prompt, `k` completions from `llm` (temperature 0: greedy), special tokens skipped."""
+    """For each chat prompt, `k` completions from `llm` (temperature 0: greedy), special tokens skipped. Seeded by
+    the engine's seed: vLLM 0.32's CPU sampler fails on per-request seeds ("CPU Generator does not use offset")."""
     from vllm import SamplingParams
 
-    params = SamplingParams(n=k, max_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    params = SamplingParams(n=k, max_tokens=max_new_tokens, temperature=temperature)
     outputs = llm.chat(prompts, params, use_tqdm=False, chat_template=chat_template)
     return [[choice.text for choice in out.outputs] for out in outputs]

@@ -54,7 +54,7 @@ def on_policy_pairs(model_path: str | Path, model_cfg: Any, prompts: list[Chat],
     started = time.perf_counter()
     if backend == "vllm":
         with engines.engine(model_path, seed) as llm:
-            samples = engines.sample(llm, prompts, k, max_new_tokens, temperature, seed, tokenizer.chat_template)
+            samples = engines.sample(llm, prompts, k, max_new_tokens, temperature, tokenizer.chat_template)
     else:
         model = load_model(model_path, model_cfg, dtype=inference_dtype(model_cfg.precision))
         if torch.cuda.is_available():

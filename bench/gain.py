@@ -1,0 +1,38 @@
+"""Where a run's gain comes from: each checkpoint against the base on the same problems, strict and flexible.
+
+    PYTHONPATH=. python bench/gain.py RUN_FOLDER [--task gsm8k_local]
+
+For every scored checkpoint of the run (`stages/*/eval`), the paired difference to the base model (00-base) on
+`--task`'s problems, for strict-match (the answer on a `#### N` line) and flexible-extract (the last number in
+the answer). The flexible gain is better reasoning (or luck); what strict gains beyond it is the answer format.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main() -> None:
+    """Print one line per checkpoint and metric."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a run folder (runs/<name>)")
+    parser.add_argument("--task", default="gsm8k_local", help="the task whose problems are compared")
+    args = parser.parse_args()
+
+    from pipeline.evaluation.stats import paired_difference, per_problem
+
+    base = args.run / "stages" / "00-base" / "eval"
+    for stage in sorted(p.parent for p in (args.run / "stages").glob("*/eval") if p.parent.name != "00-base"):
+        for metric in ("strict-match", "flexible-extract"):
+            name = f"{args.task}/exact_match,{metric}"
+            scores = per_problem(stage / "eval", name)
+            diff = paired_difference(base, stage / "eval", name)
+            if not scores or diff is None:
+                continue
+            print(f"{stage.name} {metric}: {sum(scores.values()) / len(scores):.3f} (n={len(scores)}), vs base "
+                  f"{diff['diff']:+.3f} [{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}], p {diff['p_value']:.2g}")
+
+
+if __name__ == "__main__":
+    main()
