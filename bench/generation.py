@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=64, help="problems scored (at most 500)")
     parser.add_argument("--shots", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=64, help="hf batch size (vLLM schedules its own)")
+    parser.add_argument("--batch-size", type=int, default=64, help="hf batch; requests per vLLM call")
     parser.add_argument("--rounds", type=int, default=2, help="every backend once per round, alternating order")
     parser.add_argument("--samples", type=int, default=4, help="on-policy answers per prompt")
     parser.add_argument("--prompts", type=int, default=16, help="on-policy prompts")

@@ -113,7 +113,6 @@ def shutdown(llm: Any) -> None:
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     if core is not None and hasattr(core, "shutdown"):
         core.shutdown()
-    del llm
     gc.collect()
 
 
