@@ -72,7 +72,8 @@ class EvalConfig:
     tasks: list[str] | None = arg("gsm8k_local, gsm8k_local_val, gsm8k (Hub), a task of eval.include_path or "
                                   "of the recipe's extension, any lm-eval task name", None)
     num_fewshot: int | None = arg("-1: the task's own default", None)
-    limit: int | None = arg("samples per task; 0: all", None)
+    limit: Any = arg("problems scored per task, the first ones: a number for every task, or a mapping task -> number "
+                     "(a task it leaves out is scored in full); 0: all", None)
     max_gen_toks: int | None = arg("most tokens generated per answer", None)
     batch_size: int | None = arg("lm-eval batch size", None)
     apply_chat_template: bool | None = arg("true for instruct checkpoints, false for base models", None)
@@ -591,8 +592,22 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("'ppo.backend' is vllm: PPO's rollouts come from the policy being trained in this process, "
                           "and loading its new weights into a vLLM engine before each rollout is not implemented; use "
                           "ppo.backend=hf, or the grpo stage with grpo.backend=vllm (TRL's colocated vLLM)")
+    for section in ("eval", "base_eval", *(f"{k}.eval" for k in STAGE_KINDS)):
+        _validate_limit(section, OmegaConf.select(cfg, section).limit)
     _validate_dpo(cfg)
     _validate_trackers(list(cfg.report_to))
+
+
+def _validate_limit(section: str, limit: Any) -> None:
+    """`<section>.limit`: null, a number >= 0, or a mapping of task names to numbers >= 0."""
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if limit is None or count(limit):
+        return
+    if isinstance(limit, DictConfig) and all(count(v) for v in limit.values()):
+        return
+    raise ConfigError(f"'{section}.limit' is {_show(limit)}: give a number of problems >= 0 for every task (0: all), "
+                      "or a mapping task -> number, e.g. {gsm8k_local_val: 200}")
 
 
 # `report_to` trackers transformers supports -> the modules each needs ("a|b": either) and the pip package of each

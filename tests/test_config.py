@@ -38,6 +38,8 @@ CASES = [
     (["sft.gate.test=better"], "'sft.gate.test' is 'better'", "no_significant_drop, non_inferior, superior"),
     (["sft.gate.test=non_inferior", "sft.gate.max_drop=null"], "'sft.gate.test' is non_inferior",
      "set 'sft.gate.max_drop'"),
+    (["sft.eval.limit={gsm8k_local_val: x}"], "'sft.eval.limit' is {gsm8k_local_val: x}", "a mapping task -> number"),
+    (["eval.limit=-1"], "'eval.limit' is -1", "0: all"),
     (["oops"], "not key=value", ""),
 ]
 

@@ -197,8 +197,9 @@ def test_validation_task_is_disjoint_scored_and_labelled(tmp_path, tiny_base, ca
     from pipeline.chain.preflight import warn_test_split_gates
     from pipeline.tiny.data import DATA_KEYS, build_splits
 
-    cfg = load_config(["recipe=tiny", *FAST, "eval.tasks=[tiny_gsm_val,tiny_gsm]", "eval.limit=5",
-                       "eval.max_gen_toks=32", f"output_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}"])
+    cfg = load_config(["recipe=tiny", *FAST, "eval.tasks=[tiny_gsm_val,tiny_gsm]",
+                       "eval.limit={tiny_gsm_val: 5, tiny_gsm: 3}", "eval.max_gen_toks=32", f"output_root={tmp_path}",
+                       f"cache_dir={tmp_path / 'cache'}"])
     splits = build_splits({k: cfg.tiny[k] for k in DATA_KEYS})
     validation = {r["question"] for r in splits["validation"]}
     trained = {m["messages"][0]["content"] for s in ("sft", "reasoning") for m in splits[s]}
@@ -206,7 +207,10 @@ def test_validation_task_is_disjoint_scored_and_labelled(tmp_path, tiny_base, ca
     tasks = write_tasks(cfg, tmp_path / "tasks")
     result = run_eval(tiny_base, settings(cfg, "sft"), tasks, tmp_path / "eval", cfg.model)
     assert result["splits"] == {"tiny_gsm_val": "validation", "tiny_gsm": "test"}
-    assert result["samples"] == {"tiny_gsm_val": 5, "tiny_gsm": 5}
+    assert result["samples"] == {"tiny_gsm_val": 5, "tiny_gsm": 3}  # eval.limit per task
+    test_rows = [json.loads(line) for line in (tmp_path / "eval/samples_tiny_gsm.jsonl").open()]
+    asked = {r["doc_id"]: r["doc"]["question"] for r in test_rows}  # a row per filter
+    assert asked == {i: r["question"] for i, r in enumerate(splits["test"][:3])}  # the first ones, as `limit` takes
     asked = {json.loads(line)["doc"]["question"] for line in (tmp_path / "eval/samples_tiny_gsm_val.jsonl").open()}
     assert asked <= validation
     row = {"run": "r", "checkpoint": "01-sft", "tiny_gsm_val/exact_match,strict-match": 0.1, METRIC: 0.2}

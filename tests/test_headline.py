@@ -85,6 +85,19 @@ def test_headline_reports_each_stage_against_its_input_on_test(run):
     assert len(cells) == len(headline.COLUMNS) <= 8 and cells[0] == "02-dpo (beta2-lr1e-05)" and cells[-1] == "3.3 min"
 
 
+def test_a_stage_not_scored_on_test_hands_the_comparison_to_the_checkpoint_before_it(run):
+    sft = run / "stages/01-sft"
+    (sft / "eval/samples_gsm.jsonl").unlink()
+    record = StageRecord.read(sft)
+    record.eval["metrics"].pop(TEST)
+    record.write(sft)  # the sft stage scored on validation only (a recipe saving the test set's generation)
+    rows = headline.build(run).rows
+    assert rows[1]["test"] is None and "vs_input" not in rows[1]
+    assert rows[2]["vs"] == "00-base" and rows[2]["vs_input"]["diff"] == pytest.approx(29 / 40)
+    assert headline.cells(rows[2])[3].endswith("] vs 00-base")
+    assert headline.sentence(rows[2]).startswith("dpo: +0.725 on test vs 00-base [")
+
+
 def test_markdown_has_the_title_a_short_table_sentences_and_the_sweep_apart(run):
     md = headline.markdown(headline.build(run))
     tables = [line for line in md.splitlines() if line.startswith("| ")]

@@ -190,6 +190,10 @@ def _two_process_main(out: str) -> None:
     (out_dir / f"world{acc.process_index}.json").write_text(json.dumps({"world_size": acc.num_processes}))
     acc.wait_for_everyone()
     torch.distributed.destroy_process_group()  # a live gloo group can abort the interpreter at exit
+    # and one rank of this test still aborted once in CI ("terminate called without an active exception"): what
+    # the test checks is written by now, so leave without the interpreter's teardown
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(0)
 
 
 def test_two_processes_share_statistics(tmp_path):

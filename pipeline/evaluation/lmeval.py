@@ -163,6 +163,16 @@ def fast_generation(ev: dict) -> bool:
     return changed is None
 
 
+def selection(ev: dict) -> dict:
+    """lm-eval's arguments for the problems `ev["limit"]` scores: `limit` (one number for every task; 0: all) or,
+    for a mapping task -> number, `samples` (the first N of those tasks, the same doc_ids as `limit=N`; the tasks
+    it leaves out, or maps to 0, in full)."""
+    limit = ev["limit"]
+    if not isinstance(limit, dict):
+        return {"limit": limit or None}
+    return {"limit": None, "samples": {t: list(range(n)) for t, n in limit.items() if n and t in ev["tasks"]} or None}
+
+
 def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, model_cfg: Any) -> dict:
     """Score one checkpoint with lm-eval (call on one process only); keep per-sample output in `out_dir`.
     `ev["backend"]`: `hf` (the model loaded here, through `lmeval_fast` unless off) or `vllm` (lm-eval's vllm
@@ -178,7 +188,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
         try:
             quiet_progress(lm)
             results = simple_evaluate(
-                model=lm, tasks=list(ev["tasks"]), num_fewshot=fmt["num_fewshot"], limit=ev["limit"] or None,
+                model=lm, tasks=list(ev["tasks"]), num_fewshot=fmt["num_fewshot"], **selection(ev),
                 apply_chat_template=fmt["apply_chat_template"], fewshot_as_multiturn=fmt["fewshot_as_multiturn"],
                 gen_kwargs={"max_gen_toks": ev["max_gen_toks"]}, task_manager=_task_manager(ev, tasks_dir),
                 log_samples=True, random_seed=0, numpy_random_seed=1234, torch_random_seed=1234,

@@ -49,14 +49,18 @@ def metrics(records: list[StageRecord], split: dict[str, str]) -> tuple[str | No
 
 
 def stage_row(folder: Path, record: StageRecord, validation: str | None, test: str | None) -> dict:
-    """The typed row of a scored stage folder: its scores, the paired test difference to its input stage, gate
-    verdict and training time."""
+    """The typed row of a scored stage folder: its scores, the paired test difference to its input stage (else to
+    the last stage before it scored on test, named in `vs`), gate verdict and training time."""
     row = {"checkpoint": folder.name, "stage": record.stage, "selected": record.selected,
            "model": record.output_model, "validation": record.scores().get(validation),
            "test": record.scores().get(test), "gate": (record.gate or {}).get("verdict"), "train_s": record.wall_time_s}
-    source = input_stage(folder) if folder.name != BASE else None
-    if test and source is not None:
-        row["vs_input"] = stats.paired_difference(eval_dir(source), eval_dir(folder), test)
+    source = earlier = input_stage(folder) if folder.name != BASE and row["test"] is not None else None
+    while test and earlier is not None and test not in StageRecord.read(earlier).scores():
+        earlier = input_stage(earlier) if earlier.name != BASE else None  # its input was not scored on test
+    if test and earlier is not None:
+        row["vs_input"] = stats.paired_difference(eval_dir(earlier), eval_dir(folder), test)
+        if earlier != source:
+            row["vs"] = earlier.name
     return row
 
 
@@ -116,7 +120,9 @@ def _duration(seconds: float | None) -> str:
 def cells(row: dict) -> list[str]:
     """A stage row as the text of the `COLUMNS`."""
     name = row["checkpoint"] + (f" ({row['selected']})" if row.get("selected") else "")
-    return [name, _num(row["validation"]), _num(row["test"]), _interval(row.get("vs_input")), _p(row.get("vs_input")),
+    versus = f" vs {row['vs']}" if row.get("vs") and row.get("vs_input") else ""
+    return [name, _num(row["validation"]), _num(row["test"]), _interval(row.get("vs_input")) + versus,
+            _p(row.get("vs_input")),
             row.get("gate") or "", _duration(row.get("train_s"))]
 
 
@@ -127,7 +133,8 @@ def sentence(row: dict) -> str | None:
         return None
     verdict = ("a significant gain" if p["ci_low"] > 0 else "a significant drop" if p["ci_high"] < 0
                else "no significant change")
-    return f"{row['stage']}: {p['diff']:+.3f} on test [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}], " \
+    versus = f" vs {row['vs']}" if row.get("vs") else ""
+    return f"{row['stage']}: {p['diff']:+.3f} on test{versus} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}], " \
            f"p {_p(p)}, n={p['n']}: {verdict}"
 
 
@@ -150,7 +157,7 @@ def markdown(h: Headline) -> str:
     named = "; ".join(f"{split}: `{metric}`" for split, metric in (("validation", h.validation), ("test", h.test))
                       if metric)
     lines = [f"## {title(h)}", "", f"{named}; \u0394 test: paired difference to the stage's input on the same test "
-             "problems.", "",
+             "problems (to the last checkpoint before it scored on test when its input was not).", "",
              *_table(COLUMNS, [cells(r) for r in h.rows]), ""]
     lines += [f"- {s}" for s in map(sentence, h.rows) if s]
     for stage, sweep in h.sweeps.items():
