@@ -493,9 +493,11 @@ def _apply(cfg: DictConfig, key: str, value: Any, where: str) -> None:
         raise explain_error(cfg, err, where) from None
 
 
-def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    if isinstance(node, dict) and node:
-        return [kv for k, v in node.items() for kv in _flatten(v, f"{prefix}{k}.")]
+def _flatten(node: Any, cfg: DictConfig, prefix: str = "") -> list[tuple[str, Any]]:
+    """A recipe's values as (dotted key, value), down to the keys of `cfg`'s sections and mappings: a mapping given to
+    a field that is not one (e.g. `eval.limit: {task: n}`) stays whole."""
+    if isinstance(node, dict) and node and (not prefix or isinstance(OmegaConf.select(cfg, prefix[:-1]), DictConfig)):
+        return [kv for k, v in node.items() for kv in _flatten(v, cfg, f"{prefix}{k}.")]
     return [(prefix[:-1], node)]
 
 
@@ -535,7 +537,7 @@ def load_config(argv: list[str]) -> DictConfig:
         raise ConfigError(f"cannot parse recipe {path}: {err}") from None
     extension = next((v for k, v in reversed(overrides) if k == "extension"), delta.get("extension", ""))
     cfg = schema(str(extension or ""))
-    for key, value in _flatten(delta):
+    for key, value in _flatten(delta, cfg):
         _apply(cfg, key, value, f"recipe {path.name}")
     cfg.recipe = recipe
     for key, raw in overrides:
