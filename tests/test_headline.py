@@ -96,6 +96,8 @@ def test_a_stage_not_scored_on_test_hands_the_comparison_to_the_checkpoint_befor
     assert rows[2]["vs"] == "00-base" and rows[2]["vs_input"]["diff"] == pytest.approx(29 / 40)
     assert headline.cells(rows[2])[3].endswith("] vs 00-base")
     assert headline.sentence(rows[2]).startswith("dpo: +0.725 on test vs 00-base [")
+    dpo = next(r for r in leaderboard.rows([headline.build(run)]) if r["checkpoint"] == "02-dpo")
+    assert dpo["test_vs"] == "00-base" and dpo["test_vs_input_diff"] == pytest.approx(29 / 40)
 
 
 def test_markdown_has_the_title_a_short_table_sentences_and_the_sweep_apart(run):

@@ -74,14 +74,15 @@ def rows(heads: list[headline.Headline]) -> list[dict]:
     headline `heads` carries the stages' paired test differences)."""
     out = []
     for h in heads:
-        run, tested = h.run, {r["checkpoint"]: r.get("vs_input") for r in h.rows}
+        run, tested = h.run, {r["checkpoint"]: r for r in h.rows}
         for stage_dir in stage_folders(run):
             record, cands = StageRecord.read(stage_dir), candidates(stage_dir)
             if record.eval:
                 selected = record.selected  # a sweep: show the winner's settings
                 config = cands[selected].config if selected in cands else None
+                head = tested.get(stage_dir.name, {})  # `test_vs`: the earlier checkpoint when not the input
                 out.append(_row(run, record, stage_dir.name, selected, config,
-                                _paired("test_vs_input", tested.get(stage_dir.name))))
+                                {**_paired("test_vs_input", head.get("vs_input")), "test_vs": head.get("vs")}))
             table = {c["candidate"]: c for c in (record.metrics or {}).get("candidates", [])}
             for name, c in cands.items():
                 picked = table.get(name, {})
