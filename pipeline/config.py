@@ -178,6 +178,9 @@ class OnPolicyConfig:
                            "0: all prompts", 0)
     batch_size: int = arg("prompts per generation batch (hf)", 32)
     backend: str = arg("hf: transformers' generate | vllm: a vLLM engine (continuous batching)", "hf", added=True)
+    reference_chosen: bool = arg("a prompt with no correct sample pairs its reference answer (the mixture's `answer`, "
+                                 "chosen) with a wrong sample, as SPIN does: pairs from a model that rarely gets one "
+                                 "right", False, added=True)
 
 
 @dataclass

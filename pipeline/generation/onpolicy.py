@@ -25,8 +25,10 @@ def sample_answers(model: Any, tokenizer: Any, prompts: list[Chat], k: int, max_
                     temperature=temperature)
 
 
-def build_pairs(prompts: list[Chat], answers: list[str], samples: list[list[str]]) -> tuple[list[dict], dict]:
-    """One {prompt, chosen, rejected} pair per prompt with both a correct and a wrong sample, plus stats."""
+def build_pairs(prompts: list[Chat], answers: list[str], samples: list[list[str]],
+                reference_chosen: bool = False) -> tuple[list[dict], dict]:
+    """One {prompt, chosen, rejected} pair per prompt with both a correct and a wrong sample (with
+    `reference_chosen`, a prompt with wrong samples only pairs its reference answer with one), plus stats."""
     pairs: list[dict] = []
     correct = all_correct = all_wrong = 0
     for prompt, answer, group in zip(prompts, answers, samples, strict=True):
@@ -35,18 +37,20 @@ def build_pairs(prompts: list[Chat], answers: list[str], samples: list[list[str]
         correct += len(right)
         all_correct += not wrong
         all_wrong += not right
-        if right and wrong:
-            pairs.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": right[0]}],
+        chosen = right[0] if right else answer if reference_chosen else None
+        if chosen is not None and wrong:
+            pairs.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": chosen}],
                           "rejected": [{"role": "assistant", "content": wrong[0]}]})
     total = sum(len(g) for g in samples)
     stats = {"prompts": len(prompts), "samples": total, "correct_rate": correct / total if total else 0.0,
-             "pairs": len(pairs), "all_correct": all_correct, "all_wrong": all_wrong}
+             "pairs": len(pairs), "all_correct": all_correct, "all_wrong": all_wrong,
+             "reference_pairs": all_wrong if reference_chosen else 0}
     return pairs, stats
 
 
 def on_policy_pairs(model_path: str | Path, model_cfg: Any, prompts: list[Chat], answers: list[str], k: int,
                     max_new_tokens: int, temperature: float, batch_size: int, seed: int,
-                    backend: str = "hf") -> tuple[list[dict], dict]:
+                    backend: str = "hf", reference_chosen: bool = False) -> tuple[list[dict], dict]:
     """Sample from the model at `model_path` under its chat template as the stage trains it (`model.*` settings)
     and build pairs. `hf`: the model loaded in `model.precision`'s inference dtype; `vllm`: a vLLM engine (its
     start counted in `sampling_s`)."""
@@ -60,7 +64,7 @@ def on_policy_pairs(model_path: str | Path, model_cfg: Any, prompts: list[Chat],
         if torch.cuda.is_available():
             model.to("cuda")
         samples = sample_answers(model, tokenizer, prompts, k, max_new_tokens, temperature, batch_size, seed)
-    pairs, stats = build_pairs(prompts, answers, samples)
+    pairs, stats = build_pairs(prompts, answers, samples, reference_chosen)
     generated = sum(len(tokenizer(s, add_special_tokens=False).input_ids) for group in samples for s in group)
     return pairs, {**stats, "backend": backend, "generated_tokens": generated,
                    "sampling_s": round(time.perf_counter() - started, 2)}

@@ -45,10 +45,11 @@ def _on_policy(ctx: StageContext) -> Any:
                 rows = rows.select(range(min(op.max_prompts, len(rows))))
             pairs, stats = on_policy_pairs(ctx.input_model, ctx.cfg.model, list(rows["prompt"]), list(rows["answer"]),
                                            op.samples, op.max_new_tokens, op.temperature, op.batch_size, ctx.cfg.seed,
-                                           op.backend)
+                                           op.backend, op.reference_chosen)
             log.info("on-policy pairs: %d from %d prompts x %d samples (%.0f%% correct; %d prompts all correct, %d all "
-                     "wrong) in %s", stats["pairs"], stats["prompts"], op.samples, 100 * stats["correct_rate"],
-                     stats["all_correct"], stats["all_wrong"], duration(stats["sampling_s"]))
+                     "wrong; %d pairs chose the reference answer) in %s", stats["pairs"], stats["prompts"], op.samples,
+                     100 * stats["correct_rate"], stats["all_correct"], stats["all_wrong"], stats["reference_pairs"],
+                     duration(stats["sampling_s"]))
             write_json(ctx.stage_dir / "on_policy_stats.json", stats)
             write_text(path, "".join(json.dumps(p) + "\n" for p in pairs))
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
@@ -65,7 +66,8 @@ def preference_pairs(ctx: StageContext) -> Any:
         parts.append(sampled)
     if not parts:
         raise ConfigError("dpo has no preference pairs: on-policy sampling found no prompt with both a correct and "
-                          "an incorrect answer (raise dpo.on_policy.samples or temperature, or add dpo.mixture)")
+                          "an incorrect answer (raise dpo.on_policy.samples or temperature, set "
+                          "dpo.on_policy.reference_chosen=true, or add dpo.mixture)")
     return datasets.concatenate_datasets(parts).shuffle(seed=ctx.cfg.seed) if len(parts) > 1 else parts[0]
 
 
