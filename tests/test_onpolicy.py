@@ -53,11 +53,11 @@ def test_build_pairs():
         assert not is_correct(p["rejected"][0]["content"], answer)
     assert stats == {"prompts": 3, "samples": 12, "correct_rate": 6 / 12, "pairs": 1, "all_correct": 1,
                      "all_wrong": 1, "reference_pairs": 0}
+    assert stats["pairs"] + stats["all_correct"] + stats["all_wrong"] == stats["prompts"]
     pairs, stats = build_pairs(prompts, answers, samples, reference_chosen=True)  # the all-wrong prompt pairs too
     assert [p["prompt"] for p in pairs] == [prompts[0], prompts[2]] and stats["reference_pairs"] == 1
     assert pairs[1]["chosen"] == [{"role": "assistant", "content": "30"}]
     assert pairs[1]["rejected"] == [{"role": "assistant", "content": "nothing"}]
-    assert stats["pairs"] + stats["all_correct"] + stats["all_wrong"] == stats["prompts"]
 
 
 @pytest.fixture(scope="module")
