@@ -55,11 +55,11 @@ def stage_row(folder: Path, record: StageRecord, validation: str | None, test: s
            "model": record.output_model, "validation": record.scores().get(validation),
            "test": record.scores().get(test), "gate": (record.gate or {}).get("verdict"), "train_s": record.wall_time_s}
     source = earlier = input_stage(folder) if folder.name != BASE and row["test"] is not None else None
-    while test and earlier is not None and test not in StageRecord.read(earlier).scores():
+    while earlier is not None and test not in StageRecord.read(earlier).scores():
         earlier = input_stage(earlier) if earlier.name != BASE else None  # its input was not scored on test
-    if test and earlier is not None:
+    if earlier is not None:
         row["vs_input"] = stats.paired_difference(eval_dir(earlier), eval_dir(folder), test)
-        if earlier != source:
+        if earlier != source and row["vs_input"]:
             row["vs"] = earlier.name
     return row
 
@@ -120,7 +120,7 @@ def _duration(seconds: float | None) -> str:
 def cells(row: dict) -> list[str]:
     """A stage row as the text of the `COLUMNS`."""
     name = row["checkpoint"] + (f" ({row['selected']})" if row.get("selected") else "")
-    versus = f" vs {row['vs']}" if row.get("vs") and row.get("vs_input") else ""
+    versus = f" vs {row['vs']}" if row.get("vs") else ""
     return [name, _num(row["validation"]), _num(row["test"]), _interval(row.get("vs_input")) + versus,
             _p(row.get("vs_input")),
             row.get("gate") or "", _duration(row.get("train_s"))]
