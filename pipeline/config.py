@@ -597,22 +597,28 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("'ppo.backend' is vllm: PPO's rollouts come from the policy being trained in this process, "
                           "and loading its new weights into a vLLM engine before each rollout is not implemented; use "
                           "ppo.backend=hf, or the grpo stage with grpo.backend=vllm (TRL's colocated vLLM)")
-    for section in ("eval", "base_eval", *(f"{k}.eval" for k in STAGE_KINDS)):
-        _validate_limit(section, OmegaConf.select(cfg, section).limit)
+    evals = ("eval", "base_eval", *(f"{k}.eval" for k in STAGE_KINDS))
+    tasks = {t for section in evals for t in OmegaConf.select(cfg, section).tasks or []}
+    for section in evals:
+        _validate_limit(section, OmegaConf.select(cfg, section).limit, tasks)
     _validate_dpo(cfg)
     _validate_trackers(list(cfg.report_to))
 
 
-def _validate_limit(section: str, limit: Any) -> None:
-    """`<section>.limit`: null, a number >= 0, or a mapping of task names to numbers >= 0."""
+def _validate_limit(section: str, limit: Any, tasks: set[str]) -> None:
+    """`<section>.limit`: null, a number >= 0, or a mapping of task names (of some eval's `tasks`) to numbers >= 0:
+    a mistyped task would otherwise be scored in full."""
     def count(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 0
     if limit is None or count(limit):
         return
-    if isinstance(limit, DictConfig) and all(count(v) for v in limit.values()):
-        return
-    raise ConfigError(f"'{section}.limit' is {_show(limit)}: give a number of problems >= 0 for every task (0: all), "
-                      "or a mapping task -> number, e.g. {gsm8k_local_val: 200}")
+    if not (isinstance(limit, DictConfig) and all(count(v) for v in limit.values())):
+        raise ConfigError(f"'{section}.limit' is {_show(limit)}: give a number of problems >= 0 for every task (0: "
+                          "all), or a mapping task -> number, e.g. {gsm8k_local_val: 200}")
+    for task in limit:
+        if task not in tasks:
+            raise ConfigError(f"'{section}.limit' names task '{task}', which no eval scores (tasks: "
+                              f"{', '.join(sorted(tasks))}){did_you_mean(str(task), tasks)}")
 
 
 # `report_to` trackers transformers supports -> the modules each needs ("a|b": either) and the pip package of each

@@ -40,6 +40,8 @@ CASES = [
      "set 'sft.gate.max_drop'"),
     (["sft.eval.limit={gsm8k_local_val: x}"], "'sft.eval.limit' is {gsm8k_local_val: x}", "a mapping task -> number"),
     (["eval.limit=-1"], "'eval.limit' is -1", "0: all"),
+    (["eval.tasks=[gsm8k_local_val]", "eval.limit={gsm8k_local_vla: 9}"], "'eval.limit' names task 'gsm8k_local_vla'",
+     "did you mean 'gsm8k_local_val'?"),
     (["oops"], "not key=value", ""),
 ]
 
