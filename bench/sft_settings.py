@@ -3,11 +3,11 @@
     PYTHONPATH=. python bench/sft_settings.py recipe=smollm2_cpu model.name_or_path=<checkpoint> hub_mirror=<dir> \
         [--steps 5] [--rounds 2] [--variant NAME:KEY=VALUE,KEY=VALUE ...]
 
-Each round trains every variant for `--steps` steps from the recipe's input model, in turn (a busy machine slows
-them alike): the recipe as given (`recipe`) and each `--variant`, the recipe with those overrides. Printed as
-JSON: per variant the median and range over the rounds of effective (non-padding) tokens/s, the padding
-fraction, forward and backward seconds, and the ratio to the first variant named (`--variant`, else `recipe`)
-within each round.
+Each round trains every variant in turn (a busy machine slows them alike) for `--steps` steps from the recipe's
+base model (built first where its extension builds one): the recipe as given (`recipe`) and each `--variant`, the
+recipe with those overrides. Printed as JSON: per variant the median and range over the rounds of effective
+(non-padding) tokens/s, the padding fraction, forward and backward seconds, and the ratio to the first variant
+named (`--variant`, else `recipe`) within each round.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from pipeline.chain.basemodel import base_model
 from pipeline.config import cache_dir, load_config
 from pipeline.data.mixtures import load_mixture
 from pipeline.stages.sft import train
@@ -30,7 +31,7 @@ KEPT = ("tokens_per_s", "padding_fraction", "forward_s", "backward_s")
 def run_variant(overrides: list[str], steps: int, work: Path) -> dict:
     """Train the recipe's SFT stage with `overrides` for `steps` steps into `work`; the kept metrics."""
     cfg = load_config([*overrides, f"sft.max_steps={steps}", "sft.save_steps=1000000"])
-    model = Path(cfg.model.name_or_path) if Path(cfg.model.name_or_path).exists() else cfg.model.name_or_path
+    model = base_model(cfg)
     tok = load_tokenizer(model, cfg.model, need_template=cfg.sft.format == "chat")
     dataset = load_mixture(cfg.sft.mixture, cfg)
     shutil.rmtree(work, ignore_errors=True)
