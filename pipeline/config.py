@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from pipeline import redact
 from pipeline.errors import ConfigError  # noqa: F401 - where the modules that load a config find it
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -703,8 +704,9 @@ def cache_dir(cfg: DictConfig) -> Path:
 
 
 def stage_section(cfg: DictConfig, name: str) -> dict:
-    """A stage's training config as a plain dict (for fingerprints and stage.json): no eval, no gate."""
+    """A stage's training config as a plain dict (for fingerprints and stage.json): no eval, no gate, secrets
+    redacted (`pipeline.redact`: a token's value is neither written nor fingerprinted)."""
     section = fingerprint_view(OmegaConf.to_container(cfg[name], resolve=True), OmegaConf.get_type(cfg[name]))
     if "sweep" in section:
         del section["sweep"]["candidate"]  # which candidate one job trains does not change the stage
-    return {k: v for k, v in section.items() if k not in ("eval", "gate")}
+    return redact.config({k: v for k, v in section.items() if k not in ("eval", "gate")})

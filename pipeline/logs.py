@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline import redact
+
 log = logging.getLogger("pipeline")
 DETAIL = "pipeline.detail"  # file only: the trainers' full log records
 # library loggers to route to the file; transformers and datasets add their own stderr handler,
@@ -38,6 +40,7 @@ def setup(path: Path | None, main: bool) -> None:
     for handler in (terminal, file):
         if handler is not None:
             handler.setFormatter(fmt)
+            handler.addFilter(redact.LogFilter())  # secret values of the config never reach a log line
             log.addHandler(handler)
     detail = logging.getLogger(DETAIL)
     _reset(detail)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
-from pipeline import errors  # noqa: E402
+from pipeline import errors, redact  # noqa: E402
 from pipeline.config import DEFAULT_RECIPE, STAGE_KINDS, available_recipes, describe, load_config  # noqa: E402
 from pipeline.errors import ConfigError, Preempted, TrainingFailed  # noqa: E402
 
@@ -128,6 +128,7 @@ def run(cfg, argv: list[str]) -> int:
     from pipeline.runfolder import run_dir
 
     root, main = run_dir(cfg), _main_process()
+    redact.remember(cfg)  # secret values of the config are scrubbed from log lines, the outcome and tracebacks
     outcome, last_error = Outcome(root, cfg.dpo.sweep.candidate, argv), _LastError()
     logger = logging.getLogger("pipeline")
     logger.addFilter(last_error)
@@ -167,7 +168,7 @@ def _bad_input(err: ConfigError) -> int:
     """Say the error (main process) and return its exit code. Every rank fails on the same input, but only the
     main process prints: another rank waits a little first, so that a launcher which stops all ranks when one
     exits (torchrun's agent) does not stop the main process before its message and outcome are written."""
-    _say(f"error: {err}")
+    _say(f"error: {redact.scrub(str(err))}")
     if not _main_process():
         time.sleep(BAD_INPUT_GRACE_S)
     return err.code
@@ -180,7 +181,7 @@ def _say(message: str, stream=None) -> None:
 
 def _crashed(log_path: Path, reason: str) -> None:
     """Print the traceback, append it to the run's log (main process), and end stderr with where it is."""
-    text = traceback.format_exc()
+    text = redact.scrub(traceback.format_exc())
     sys.stderr.write(text)
     where = "traceback above"
     if _main_process() and log_path.parent.is_dir():

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline import redact
 from pipeline.config import ROOT
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "deepspeed", "lm_eval", "omegaconf")
@@ -62,10 +63,10 @@ def hardware() -> dict:
 
 
 def build(cfg, argv: list[str], data: dict, run_dir: Path) -> dict:
-    """The manifest of one invocation of the pipeline on `run_dir`."""
+    """The manifest of one invocation of the pipeline on `run_dir` (secret arguments redacted)."""
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": argv,
+        "argv": redact.argv(argv),
         "recipe": cfg.recipe,
         "run_dir": str(run_dir),
         "code": code_version(),

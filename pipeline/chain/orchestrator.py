@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import errors, logs
+from pipeline import errors, logs, redact
 from pipeline.chain import manifest, outcome, preflight, sweep
 from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
@@ -201,7 +201,7 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
         run.decisions = run.decisions[: [d.name for d in run.decisions].index("dpo") + 1]
     with main_writes() as main:
         if main:
-            write_text(run.root / "resolved.yaml", OmegaConf.to_yaml(cfg))
+            write_text(run.root / "resolved.yaml", OmegaConf.to_yaml(redact.config(OmegaConf.to_container(cfg))))
             data = {d.name: d.data for d in run.decisions}
             write_json(run.root / "manifest.json", manifest.build(cfg, argv, data, run.root))
     log.info("run %s: recipe %s, %d stage(s), world size %d", run.root, cfg.recipe, len(run.decisions),

@@ -14,6 +14,7 @@ import contextlib
 import time
 from pathlib import Path
 
+from pipeline import redact
 from pipeline.errors import NAMES
 from pipeline.files import write_json
 
@@ -40,7 +41,7 @@ class Outcome:
 
     def __init__(self, root: Path, candidate: int | None, argv: list[str]) -> None:
         self.path = outcome_path(root, candidate)
-        self.argv = argv
+        self.argv = redact.argv(argv)
         self.started = _now()
 
     def start(self) -> None:
@@ -49,10 +50,11 @@ class Outcome:
             self.path.unlink(missing_ok=True)
 
     def finish(self, code: int, reason: str) -> None:
-        """Write the exit code, its name, the reason and the stage in progress, atomically."""
+        """Write the exit code, its name, the reason and the stage in progress, atomically (secrets redacted)."""
         if not self.path.parent.is_dir():
             return  # the run folder was never created (e.g. it is not writable): nothing to record into
         with contextlib.suppress(OSError):  # a folder that cannot be written keeps the exit code as it is
-            write_json(self.path, {"exit_code": code, "outcome": NAMES.get(code, "crashed"), "reason": reason,
+            write_json(self.path, {"exit_code": code, "outcome": NAMES.get(code, "crashed"),
+                                   "reason": redact.scrub(reason),
                                    "stage": _current["stage"], "started": self.started, "finished": _now(),
                                    "argv": self.argv})

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline import redact
 from pipeline.chain import merge
 from pipeline.config import ConfigError, grid
 from pipeline.evaluation import stats
@@ -80,7 +81,8 @@ def _candidate(ctx: StageContext, stage_fp: str, cand: dict, train: Train, evalu
     if not finished(record, cctx.out_dir, fp):
         config = OmegaConf.to_container(cctx.stage, resolve=True)
         record = StageRecord(stage=ctx.name, candidate=cand["id"], fingerprint=fp, status="trained",
-                             config={k: v for k, v in config.items() if k not in NOT_TRAINING}, metrics=train(cctx))
+                             config=redact.config({k: v for k, v in config.items() if k not in NOT_TRAINING}),
+                             metrics=train(cctx))
         record.write(cctx.out_dir)  # trained; a crash during its eval re-scores only
     return _score(record, cctx.out_dir, evaluate)
 
@@ -175,4 +177,5 @@ def _trained_with(ctx: StageContext, selected: StageRecord) -> dict:
         return selected.config
     swept = {k for k, v in ctx.stage.sweep.items() if v is not None and k != "candidate"}
     stage = OmegaConf.to_container(ctx.stage, resolve=True)
-    return {**{k: v for k, v in stage.items() if k not in NOT_TRAINING and k not in swept}, **selected.config}
+    return redact.config({**{k: v for k, v in stage.items() if k not in NOT_TRAINING and k not in swept},
+                          **selected.config})

@@ -68,8 +68,11 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Dict
 
 def trl_config(cls: type, stage: Any, computed: dict) -> Any:
     """The TRL config `cls` from the arguments the pipeline computes, with the stage's `trainer` mapping over them
-    (its keys are checked before the run starts: `pipeline.stages.trl_args.check`)."""
-    return cls(**{**computed, **OmegaConf.to_container(stage.trainer, resolve=True)})
+    (its keys are checked before the run starts: `pipeline.stages.trl_args.check`). Secret values (`hub_token`)
+    reach it as `redact.Secret`: a pickle of the config (`training_args.bin`) holds them redacted."""
+    from pipeline import redact
+
+    return cls(**{**computed, **redact.protect(OmegaConf.to_container(stage.trainer, resolve=True))})
 
 
 def lora_config(stage: Any):
