@@ -36,7 +36,7 @@ def is_secret(key: Any) -> bool:
     words = _words(str(key).rpartition(".")[2])
     if not words:
         return False
-    if SECRET_WORDS & set(words) or SECRET_PAIRS & set(zip(words, words[1:])):
+    if SECRET_WORDS & set(words) or SECRET_PAIRS & set(zip(words, words[1:], strict=False)):
         return True
     return words[-1] == "token" and (len(words) == 1 or words[-2] not in SPECIAL_TOKENS)
 
