@@ -13,9 +13,12 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -67,6 +70,16 @@ def _fsync_tree(tmp: Path) -> None:
         if file.is_file():
             with open(file, "rb") as fh:
                 os.fsync(fh.fileno())
+
+
+def fsync_tree(path: Path, files: bool = True) -> None:
+    """Flush a folder to disk: every file under it (unless `files` is false) and every folder, itself included,
+    so that what a writer put there (and their names) survives a crash of the machine."""
+    path = Path(path)
+    if files:
+        _fsync_tree(path)
+    for folder in [path, *(p for p in path.rglob("*") if p.is_dir())] if files else [path]:
+        _fsync_dir(folder)
 
 
 def commit_dir(tmp: Path, path: Path) -> None:
@@ -131,40 +144,271 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-class RunLock:
-    """An exclusive lock on a run folder: `<run>/<name>` (default `.lock`) holding the owner's pid and host.
+LEASE_S = 120.0  # a run lock whose heartbeat is older than this is stale (its holder is gone)
+RENEW_S = 30.0  # how often the holder renews its lease
 
-    A second pipeline on the same run is refused; a lock left by a dead process on this host is
-    taken over.
+
+def lock_timing() -> tuple[float, float]:
+    """(lease, renewal interval) in seconds: `LEASE_S`, `RENEW_S`, or for tests only the environment's
+    `PIPELINE_TEST_LOCK_LEASE_S` / `PIPELINE_TEST_LOCK_RENEW_S`."""
+    return (float(os.environ.get("PIPELINE_TEST_LOCK_LEASE_S") or LEASE_S),
+            float(os.environ.get("PIPELINE_TEST_LOCK_RENEW_S") or RENEW_S))
+
+
+_HELD: set[str] = set()  # the owner ids of the locks this process holds
+
+
+def _slurm() -> tuple[str | None, int]:
+    """This process's Slurm job id (None outside Slurm) and restart count (0 before any requeue)."""
+    count = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return os.environ.get("SLURM_JOB_ID") or None, int(count) if count.isdigit() else 0
+
+
+class RunLock:
+    """An exclusive lock on a run folder: `<run>/<name>` (default `.lock`), a lease its holder renews.
+
+    The file records the holder's host, pid, a random owner id, its Slurm job id and restart count, and a
+    heartbeat time that a daemon thread renews every `RENEW_S` seconds. A second pipeline on the same run is
+    refused while the lease is live. A lock is stale, and taken over, when its heartbeat is older than its lease
+    (any host: a job requeued onto another node), when its holder on this host is gone (its pid is dead, or is
+    this process's own pid under another owner id: a restarted container), or when it records this Slurm job's
+    id with a lower restart count (the job's earlier incarnation, requeued). Taking over is race-free: the
+    contender hard-links the stale file to a claim named after its content, which only one contender can
+    create, checks that it claimed the stale lock unchanged, removes it, and creates its own with a hard link,
+    which fails if the file exists again. `release` removes the file only while it holds this owner id.
     """
 
-    def __init__(self, run_dir: Path, name: str = ".lock") -> None:
+    def __init__(self, run_dir: Path, name: str = ".lock", lease_s: float | None = None,
+                 renew_s: float | None = None) -> None:
         self.path = Path(run_dir) / name
-        self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
+        lease, renew = lock_timing()
+        self.lease_s, self.renew_s = lease_s or lease, renew_s or renew
+        job, restarts = _slurm()
+        self.owner = {"pid": os.getpid(), "host": socket.gethostname(), "owner": uuid.uuid4().hex,
+                      "slurm_job_id": job, "slurm_restart_count": restarts,
+                      "since": time.strftime("%Y-%m-%dT%H:%M:%S"), "lease_s": self.lease_s}
+        self.lost = False  # set when another process took the lock over while this one held it
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _content(self) -> str:
+        return json.dumps({**self.owner, "heartbeat": time.time()})
+
+    def _link_new(self) -> bool:
+        """Create the lock file with our record, complete, unless a lock file exists (hard link: atomic, NFS too)."""
+        tmp = temp_name(self.path)
+        write_text(tmp, self._content())
+        try:
+            _link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def stale(self, held: dict, now: float | None = None) -> str | None:
+        """Why the lock record `held` is stale (a phrase), or None while its holder may be alive."""
+        now = time.time() if now is None else now
+        if held.get("owner") == self.owner["owner"]:
+            return None
+        if held.get("host") == self.owner["host"]:
+            if not _alive(held.get("pid")):
+                return f"its process {held.get('pid')} on this host is gone"
+            if held.get("pid") == self.owner["pid"] and held.get("owner") not in _HELD:
+                return "it names this process's pid, which holds no such lock (a restarted container)"
+        job, restarts = held.get("slurm_job_id"), held.get("slurm_restart_count")
+        if job and job == self.owner["slurm_job_id"] and isinstance(restarts, int) \
+                and restarts < self.owner["slurm_restart_count"]:
+            return f"Slurm job {job} was requeued (restart {restarts} -> {self.owner['slurm_restart_count']})"
+        beat = held.get("heartbeat")
+        if isinstance(beat, (int, float)):
+            lease = held.get("lease_s") if isinstance(held.get("lease_s"), (int, float)) else self.lease_s
+            if now - beat > lease:
+                return f"its lease expired {now - beat - lease:.0f} s ago"
+        return None
+
+    def _take_over(self, raw: str) -> bool:
+        """Remove the stale lock whose file held `raw` unless another contender claims it first, or the file
+        changed meanwhile; whether this one removed it."""
+        claim = self.path.with_name(f".{self.path.name}.stale-{hashlib.sha256(raw.encode()).hexdigest()[:16]}")
+        try:
+            _link(self.path, claim)  # only one contender creates the claim on this stale lock
+        except FileExistsError:
+            with contextlib.suppress(OSError):  # a claim left by a contender that died while taking over
+                if time.time() - claim.stat().st_ctime > self.lease_s:  # ctime: when the claim was linked
+                    claim.unlink()
+            return False
+        except FileNotFoundError:
+            return False  # the lock went away meanwhile: try again
+        try:
+            if _read_text(claim) != raw:
+                return False  # the lock changed between our look and the claim (renewed, or replaced): judge again
+            self.path.unlink(missing_ok=True)
+            return True
+        finally:
+            claim.unlink(missing_ok=True)
 
     def acquire(self) -> None:
-        """Take the lock or raise `RuntimeError` naming the live owner."""
-        for _ in range(2):
+        """Take the lock or raise `RuntimeError` naming the live owner; start renewing the lease."""
+        for attempt in range(50):
+            if self._link_new():
+                _HELD.add(self.owner["owner"])
+                self._start_renewing()
+                return
+            raw = _read_text(self.path)
+            if raw is None:
+                continue  # removed meanwhile: try to create it again
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                held = read_json(self.path) or {}
-                if held.get("host") == self.owner["host"] and not _alive(held.get("pid")):
-                    self.path.unlink(missing_ok=True)  # stale: its process is gone
+                held = json.loads(raw)
+            except ValueError:
+                held = None
+            if isinstance(held, dict):
+                why = self.stale(held)
+            elif time.time() - _mtime(self.path) > self.lease_s:
+                held, why = {}, "it cannot be read and is older than the lease"
+            else:  # a lock an older version has created but not written yet
+                held, why = {}, None
+                if attempt < 10:
+                    time.sleep(0.1)
                     continue
-                raise RuntimeError(f"run folder {self.path.parent} is in use by pid {held.get('pid')} on "
-                                   f"{held.get('host')} since {held.get('since')}; wait for it to finish, or delete "
-                                   f"{self.path} if that process is gone") from None
-            with os.fdopen(fd, "w") as fh:
-                json.dump({**self.owner, "since": time.strftime("%Y-%m-%dT%H:%M:%S")}, fh)
-            return
-        raise RuntimeError(f"could not take the lock {self.path}")
+            if why is None:
+                raise RuntimeError(self._refusal(held)) from None
+            if self._take_over(raw):
+                logging.getLogger("pipeline").warning("took over the lock %s: %s", self.path, why)
+            else:
+                time.sleep(0.02 * (1 + attempt % 5))
+        raise RuntimeError(f"could not take the lock {self.path}: other processes contend for it")
+
+    def _refusal(self, held: dict) -> str:
+        beat = held.get("heartbeat")
+        renewed = f", lease renewed {time.time() - beat:.0f} s ago" if isinstance(beat, (int, float)) else ""
+        return (f"run folder {self.path.parent} is in use by pid {held.get('pid')} on {held.get('host')} since "
+                f"{held.get('since')}{renewed}; wait for it to finish (a lock whose holder stopped renewing it is "
+                f"taken over {self.lease_s:.0f} s after its last renewal), or delete {self.path} if that process "
+                "is gone")
+
+    def renew(self) -> bool:
+        """Write a fresh heartbeat into the lock if this process still holds it; False once it does not."""
+        held = read_json(self.path)
+        if held is not None and held.get("owner") != self.owner["owner"]:
+            return False
+        tmp = temp_name(self.path)
+        write_text(tmp, self._content())
+        try:
+            if held is None:  # removed by a contender that judged the lease expired: claim it back, if still free
+                _link(tmp, self.path)
+            else:
+                os.replace(tmp, self.path)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
+    def _start_renewing(self) -> None:
+        def beat() -> None:
+            while not self._stop.wait(self.renew_s):
+                try:
+                    kept = self.renew()
+                except OSError as err:  # a flaky shared filesystem: try again at the next beat
+                    logging.getLogger("pipeline").warning("could not renew the lock %s: %s", self.path, err)
+                    continue
+                if not kept:
+                    self.lost = True
+                    logging.getLogger("pipeline").error(
+                        "lost the lock %s: another process took it over (this one did not renew it within %.0f s)",
+                        self.path, self.lease_s)
+                    return
+
+        self._stop.clear()
+        self._thread = threading.Thread(target=beat, name=f"lease {self.path.name}", daemon=True)
+        self._thread.start()
 
     def release(self) -> None:
-        """Drop the lock if this process holds it."""
+        """Stop renewing and remove the lock if this process holds it (the owner id compared)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        _HELD.discard(self.owner["owner"])
         held = read_json(self.path) or {}
-        if held.get("pid") == self.owner["pid"] and held.get("host") == self.owner["host"]:
+        if held.get("owner") == self.owner["owner"]:
             self.path.unlink(missing_ok=True)
+
+
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}$")
+
+
+def _newest_mtime(path: Path) -> float:
+    """The newest modification time of `path` and, for a folder, of everything under it (a file still being
+    written has a fresh one)."""
+    newest = _mtime(path)
+    if path.is_dir() and not path.is_symlink():
+        for sub, dirs, files in os.walk(path):
+            for name in (*dirs, *files):
+                newest = max(newest, _mtime(Path(sub) / name))
+    return newest
+
+
+def remove_leftovers(root: Path, lease_s: float | None = None) -> list[Path]:
+    """Remove the temporary files and folders that killed writers left under the run folder `root`; return them.
+
+    Names made by `temp_name` (`.<name>.tmp-<host>-<pid>-<id>`, `.<name>.old-...`) go when their writer is gone:
+    on this host its pid is dead; on another host nothing under the name changed for a lease (`LEASE_S`), as a
+    live writer there (a sweep array task on another node) keeps writing. Hidden `.<name>.tmp` folders, whose
+    writer is unknown, go after a lease too. Call it holding the run lock."""
+    lease = lock_timing()[0] if lease_s is None else lease_s
+    host, now, removed = socket.gethostname(), time.time(), []
+    for sub, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(sub) / name
+            found = _LEFTOVER.match(name)
+            if found and found["host"] == host:
+                gone = int(found["pid"]) != os.getpid() and not _alive(int(found["pid"]))
+            elif found or (name.startswith(".") and name.endswith(".tmp") and name in dirs):
+                gone = now - _newest_mtime(path) > lease
+            else:
+                continue
+            if name in dirs:
+                dirs.remove(name)  # never walk into a temporary folder
+            if not gone:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Make `dst` a hard link to `src`, atomically, raising `FileExistsError` if `dst` exists (NFS too); where
+    the filesystem has no hard links, create `dst` exclusively and copy `src`'s bytes into it."""
+    try:
+        os.link(src, dst)
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+            raise
+        data = Path(src).read_bytes()
+        fd = os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _alive(pid: Any) -> bool:

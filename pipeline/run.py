@@ -3,8 +3,8 @@ launches this file and keeps its exit code: pipeline/launch.py); `--help` prints
 [recipe=NAME key=value ...]` every key with its value in that recipe.
 
 Exit codes (pipeline/errors.py): 0 every stage passed; 2 bad config or bad input; 3 a gate stopped the
-chain; 4 a stage could not finish training (diverged, disk full); 75 a preemption signal (SIGTERM / SIGUSR1)
-made it save and stop; 1 a crash (its traceback is appended to `<run>/pipeline.log`). The main process records
+chain; 4 a stage could not finish training (diverged, disk full); 5 device memory passed its limit (checkpoint
+saved); 75 a preemption signal (SIGTERM / SIGUSR1) made it save and stop; 1 a crash (its traceback is appended to `<run>/pipeline.log`). The main process records
 the outcome in `<run>/outcome.json` (pipeline/chain/outcome.py), as `accelerate launch` reports every failure
 as 1.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 import traceback
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from pipeline import errors, redact  # noqa: E402
 from pipeline.config import DEFAULT_RECIPE, STAGE_KINDS, available_recipes, describe, load_config  # noqa: E402
-from pipeline.errors import ConfigError, Preempted, TrainingFailed  # noqa: E402
+from pipeline.errors import ConfigError, MemoryAlert, Preempted, TrainingFailed  # noqa: E402
 
 BAD_INPUT_GRACE_S = 10  # how long a rank other than the main one waits before it exits on bad input
 
@@ -51,8 +52,8 @@ Common overrides (dotted keys over the recipe):
 
 Exit codes: 0 finished; 1 crashed (traceback in <run>/pipeline.log); 2 bad config or input (one line
 "error: ..."); 3 a gate stopped the chain; 4 training failed (diverged, disk full; earlier checkpoints kept);
-75 preempted (SIGTERM / SIGUSR1; checkpoint saved). Rerunning the same command resumes; after bad input or a
-failed training, fix the cause first.
+5 memory alert (checkpoint saved; lower what a step needs); 75 preempted (SIGTERM / SIGUSR1; checkpoint saved).
+Rerunning the same command resumes; after bad input, a failed training or a memory alert, fix the cause first.
 
 Examples:
   smol-pipeline                                          the default recipe, {default}: on CPU, minutes
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
             text = report(cfg)
     except ConfigError as err:
-        return _bad_input(err)
+        return _bad_input(err, own=False)  # the same argv on every rank
     if cfg.plan.enabled:
         _say(text, sys.stdout)
         return 0
@@ -132,26 +133,37 @@ def run(cfg, argv: list[str]) -> int:
     outcome, last_error = Outcome(root, cfg.dpo.sweep.candidate, argv), _LastError()
     logger = logging.getLogger("pipeline")
     logger.addFilter(last_error)
-    if main:
+    held = []  # the run lock, once the main process holds it: only then are the outcome and log this run's
+
+    def locked(lock) -> None:
         outcome.start()
+        held.append(lock)
+
     try:
-        code = run_pipeline(cfg, argv)
-        reason = last_error.message if code else "finished"
-    except ConfigError as err:
-        code, reason = _bad_input(err), str(err)
-    except Preempted as err:
-        code, reason = err.code, str(err)
-        _say(f"preempted: {err}; rerun the same command to resume")
-    except TrainingFailed as err:
-        code, reason = err.code, str(err)
-        _say(f"training failed: {err}")
-    except Exception as err:  # noqa: BLE001 - a crash: logged with its traceback, then exit 1
-        code, reason = errors.CRASHED, f"{type(err).__name__}: {err}".splitlines()[0]
-        _crashed(root / "pipeline.log", reason)
+        try:
+            code = run_pipeline(cfg, argv, on_lock=locked if main else None)
+            reason = last_error.message if code else "finished"
+        except ConfigError as err:
+            code, reason = _bad_input(err), str(err)
+        except Preempted as err:
+            code, reason = err.code, str(err)
+            _tell(f"preempted: {err}; rerun the same command to resume", own=False)  # the ranks stop together
+        except MemoryAlert as err:
+            code, reason = err.code, str(err)
+            _tell(f"memory alert: {err}", own=False)  # the ranks agreed on it and stop together
+        except TrainingFailed as err:
+            code, reason = err.code, str(err)
+            _tell(f"training failed: {err}", own=True)
+        except Exception as err:  # noqa: BLE001 - a crash: logged with its traceback, then exit 1
+            code, reason = errors.CRASHED, f"{type(err).__name__}: {err}".splitlines()[0]
+            _crashed(root / "pipeline.log" if held else None, reason)
+        finally:
+            logger.removeFilter(last_error)
+        if held:  # a run refused by another's lock writes nothing into its run folder
+            outcome.finish(code, reason)
     finally:
-        logger.removeFilter(last_error)
-    if main:
-        outcome.finish(code, reason)
+        for lock in held:  # let go only once the outcome is written
+            lock.release()
     return code
 
 
@@ -160,15 +172,16 @@ def config_error(argv: list[str]) -> int:
     try:
         load_config(argv)
     except ConfigError as err:
-        return _bad_input(err)
+        return _bad_input(err, own=False)
     return 0
 
 
-def _bad_input(err: ConfigError) -> int:
-    """Say the error (main process) and return its exit code. Every rank fails on the same input, but only the
-    main process prints: another rank waits a little first, so that a launcher which stops all ranks when one
-    exits (torchrun's agent) does not stop the main process before its message and outcome are written."""
-    _say(f"error: {redact.scrub(str(err))}")
+def _bad_input(err: ConfigError, own: bool | None = None) -> int:
+    """Say the error (`_tell`; `own`: whether this rank met it alone, by default unless the ranks agreed on it,
+    `ConfigError.every_rank`) and return its exit code. Another rank then waits a little, so that a launcher which
+    stops all ranks when one exits (torchrun's agent) does not stop the main process before its message and
+    outcome are written."""
+    _tell(f"error: {redact.scrub(str(err))}", own=not err.every_rank if own is None else own)
     if not _main_process():
         time.sleep(BAD_INPUT_GRACE_S)
     return err.code
@@ -179,17 +192,35 @@ def _say(message: str, stream=None) -> None:
         print(message, file=stream or sys.stderr)
 
 
-def _crashed(log_path: Path, reason: str) -> None:
-    """Print the traceback, append it to the run's log (main process), and end stderr with where it is."""
+def _who() -> str:
+    return f"rank {os.environ.get('RANK')} on {socket.gethostname()}"
+
+
+def _tell(message: str, own: bool) -> None:
+    """Print an error on stderr. The main process prints every error, as it is. Another rank prints, prefixed
+    `rank R on HOST: `, the errors it met on its own (`own`: as far as it knows, only it met this one: bad input
+    its own checks found, a failed training; a crash's traceback, `_crashed`, always) and, of the errors every
+    rank met alike (a config that does not load, a check the ranks made together, `ConfigError.every_rank`, a
+    preemption), only if it is the first process of its machine (`LOCAL_RANK` 0): every machine's log says once
+    why it stopped, and no machine repeats it once per process."""
+    if _main_process():
+        print(message, file=sys.stderr)
+    elif own or os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"{_who()}: {message}", file=sys.stderr)
+
+
+def _crashed(log_path: Path | None, reason: str) -> None:
+    """Print the traceback, append it to the run's log `log_path` (main process; None: the run folder is not
+    this process's), and end stderr with where it is."""
     text = redact.scrub(traceback.format_exc())
     sys.stderr.write(text)
     where = "traceback above"
-    if _main_process() and log_path.parent.is_dir():
+    if _main_process() and log_path is not None and log_path.parent.is_dir():
         with open(log_path, "a", encoding="utf-8") as fh:
             fh.write(f"{time.strftime('%H:%M:%S')} ERROR crashed: {reason}\n{text}")
         where = f"traceback in {log_path}"
-    rank = "" if _main_process() else f" (rank {os.environ.get('RANK')})"
-    print(f"crashed{rank}: {reason}; {where}", file=sys.stderr)
+    rank = "" if _main_process() else f"{_who()}: "
+    print(f"{rank}crashed: {reason}; {where}", file=sys.stderr)
 
 
 if __name__ == "__main__":

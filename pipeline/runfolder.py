@@ -5,11 +5,15 @@ fingerprint, and what the orchestrator hands a stage.
     <output_root>/<run_name>/stages/NN-name/{model/, stage.json}  one folder per enabled stage, NN from 01
     .../stages/NN-name/candidates/<id>/{model/, stage.json}      a sweep's candidates (grid, soup, merge)
 
-`stage.json` is read and written here only (`StageRecord`); a field that is None is left out of the file.
+`stage.json` is read and written here only (`StageRecord`); a field that is None is left out of the file. Its model
+paths inside the run folder are stored relative to it (`stages/01-sft/model`) and resolved when read, so a moved run
+folder resumes; a path outside it (the base model) is stored as given.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ from pipeline.files import read_json, write_json
 BASE = "00-base"
 RECORD = "stage.json"
 FINISHED = ("trained", "done")  # trained: its model is saved; done: scored too
+MODEL_PATHS = ("input_model", "output_model")  # record fields stored relative to the run folder when inside it
 
 
 def run_dir(cfg: DictConfig) -> Path:
@@ -43,6 +48,45 @@ def candidate_dir(stage: Path, candidate: str) -> Path:
     return Path(stage) / "candidates" / candidate
 
 
+def run_root(folder: Path) -> Path | None:
+    """The run folder holding a stage's or a sweep candidate's `folder` (the parent of its nearest `stages`
+    folder), or None outside a run folder."""
+    return next((p.parent for p in Path(folder).parents if p.name == "stages"), None)
+
+
+def stored_path(path: str | Path, root: Path | None) -> str:
+    """`path` as a record stores it: relative to the run folder `root` when inside it (`stages/01-sft/model`),
+    else as given (a base model's own path or Hub id)."""
+    if root is not None:
+        full, top = os.path.abspath(path), os.path.abspath(root)
+        if full.startswith(top + os.sep):
+            return Path(os.path.relpath(full, top)).as_posix()
+    return str(path)
+
+
+def resolved_path(value: str, root: Path | None) -> str:
+    """A stored model path as a usable one: a path relative to the run folder (`stages/...`) joined to `root`;
+    anything else (an absolute path, a Hub id) as it is."""
+    if root is None or os.path.isabs(value) or Path(value).parts[:1] != ("stages",):
+        return value
+    return str(Path(root) / value)
+
+
+def same_path(a: str | None, b: str | None) -> bool:
+    """Whether two model paths (resolved, or as recorded by an older version) name the same place."""
+    return a is not None and b is not None and os.path.abspath(a) == os.path.abspath(b)
+
+
+def drop_work(folder: Path) -> None:
+    """Remove a stage's or candidate's training checkpoints (`work/`) once its record says it is trained (main
+    process; every rank calls this and waits)."""
+    from pipeline.train.distributed import main_writes  # imports torch, which the dry run (paths only) does without
+
+    with main_writes() as main:
+        if main:
+            shutil.rmtree(Path(folder) / "work", ignore_errors=True)
+
+
 @dataclass
 class StageRecord:
     """One `stage.json`: a stage, the base model's evaluation, or a sweep candidate."""
@@ -56,7 +100,9 @@ class StageRecord:
     data: list | None = None  # data fingerprints
     input_model: str | None = None
     world_size: int | None = None
-    status: str | None = None  # running | trained | done
+    status: str | None = None  # running | trained | done | stale (an earlier stage was retrained after it)
+    redone: bool | None = None  # trained by a redo= request of the user (a requeue of it resumes, not redoes)
+    prepared: str | None = None  # the key of the data the stage prepared in its folder (pairs, samples)
     output_model: str | None = None
     metrics: dict | None = None  # training metrics
     wall_time_s: float | None = None
@@ -67,9 +113,13 @@ class StageRecord:
 
     @classmethod
     def read(cls, folder: Path) -> StageRecord:
-        """The record in `folder/stage.json`; an empty record when there is none."""
+        """The record in `folder/stage.json`, its model paths resolved; an empty record when there is none."""
         raw = read_json(Path(folder) / RECORD) or {}
         known = {f.name for f in fields(cls)} - {"extra"}
+        root = run_root(folder)
+        for key in MODEL_PATHS:
+            if isinstance(raw.get(key), str):
+                raw[key] = resolved_path(raw[key], root)
         return cls(**{k: v for k, v in raw.items() if k in known}, extra={k: v for k, v in raw.items()
                                                                          if k not in known})
 
@@ -85,7 +135,11 @@ class StageRecord:
 
         with main_writes() as main:
             if main and changed:
-                write_json(Path(folder) / RECORD, self.to_dict())
+                out, root = self.to_dict(), run_root(folder)
+                for key in MODEL_PATHS:
+                    if out.get(key) is not None:
+                        out[key] = stored_path(out[key], root)
+                write_json(Path(folder) / RECORD, out)
 
     def scores(self) -> dict:
         """The evaluation's metrics (empty when not evaluated)."""
@@ -119,7 +173,7 @@ def input_stage(stage: Path) -> Path | None:
     stage = Path(stage)
     wanted = StageRecord.read(stage).input_model
     others = [p for p in stage_folders(stage.parent.parent) if p != stage]
-    return next((p for p in others if wanted and StageRecord.read(p).output_model == wanted), None)
+    return next((p for p in others if same_path(wanted, StageRecord.read(p).output_model)), None)
 
 
 @dataclass

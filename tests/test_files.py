@@ -1,14 +1,22 @@
 """Atomic writes under concurrency: many processes publishing the same content-addressed folder into an empty
-cache (as every node of a multi-node run may), and many writers of one file."""
+cache (as every node of a multi-node run may), and many writers of one file. The run lock as a lease: taken over
+from a dead holder on any host, refused while its holder renews it, one winner among racing contenders; and the
+removal of killed writers' temporary files."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import socket
 import threading
+import time
+import uuid
 from pathlib import Path
 
-from pipeline.files import atomic_dir, read_json, write_json
+import pytest
+
+from pipeline.files import RunLock, atomic_dir, read_json, remove_leftovers, write_json
 
 WRITERS = 8
 PARTS = 20
@@ -74,3 +82,150 @@ def test_concurrent_writers_of_one_file_in_one_process_all_succeed(tmp_path):
     assert errors == []
     assert read_json(path)["rows"] == list(range(200)) and json.loads(path.read_text())["writer"] in range(WRITERS)
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+# -- the run lock: a lease its holder renews -----------------------------------------------------------------
+
+
+def _lock_record(path: Path, **fields) -> None:
+    """A lock file as another holder wrote it (an owner id of its own, a heartbeat `age` seconds old)."""
+    age = fields.pop("age", 0.0)
+    record = {"pid": 4242, "host": "node-b", "owner": uuid.uuid4().hex, "slurm_job_id": None,
+              "slurm_restart_count": 0, "since": "then", "lease_s": 120.0, "heartbeat": time.time() - age, **fields}
+    path.write_text(json.dumps(record))
+
+
+def test_a_lock_from_another_host_whose_lease_expired_is_taken_over(tmp_path):
+    _lock_record(tmp_path / ".lock", age=121)
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    try:
+        held = read_json(tmp_path / ".lock")
+        assert held["owner"] == lock.owner["owner"] and held["host"] == socket.gethostname()
+        assert held["pid"] == os.getpid() and isinstance(held["heartbeat"], float)
+        assert [p.name for p in tmp_path.iterdir()] == [".lock"]  # no claim or temporary file left
+    finally:
+        lock.release()
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_a_lock_from_another_host_with_a_fresh_lease_is_refused(tmp_path):
+    _lock_record(tmp_path / ".lock", age=100)
+    before = (tmp_path / ".lock").read_text()
+    with pytest.raises(RuntimeError, match="in use by pid 4242 on node-b .*lease renewed 100 s ago"):
+        RunLock(tmp_path).acquire()
+    RunLock(tmp_path).release()  # a release by a process that does not hold it removes nothing
+    assert (tmp_path / ".lock").read_text() == before and [p.name for p in tmp_path.iterdir()] == [".lock"]
+
+
+def test_a_lock_of_a_dead_process_on_this_host_or_of_this_pid_under_another_owner_is_taken_over(tmp_path):
+    for pid in (2**22 + 7, os.getpid()):  # a dead pid; this process's pid, written by a restarted container's
+        _lock_record(tmp_path / ".lock", host=socket.gethostname(), pid=pid)
+        lock = RunLock(tmp_path)
+        lock.acquire()
+        assert read_json(tmp_path / ".lock")["owner"] == lock.owner["owner"]
+        lock.release()
+
+
+def test_an_older_version_s_lock_of_a_live_process_is_refused(tmp_path):
+    (tmp_path / ".lock").write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname(), "since": "now"}))
+    with pytest.raises(RuntimeError, match=f"in use by pid {os.getppid()}"):
+        RunLock(tmp_path).acquire()
+
+
+def test_a_renewing_holder_keeps_its_lock(tmp_path):
+    holder = RunLock(tmp_path, lease_s=0.6, renew_s=0.1)
+    holder.acquire()
+    try:
+        first = read_json(tmp_path / ".lock")["heartbeat"]
+        for _ in range(4):  # well past the lease: the holder's heartbeat keeps it live
+            time.sleep(0.3)
+            with pytest.raises(RuntimeError, match="in use by pid"):
+                RunLock(tmp_path, lease_s=0.6).acquire()
+        assert read_json(tmp_path / ".lock")["heartbeat"] > first and not holder.lost
+    finally:
+        holder.release()
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_a_holder_that_stops_renewing_loses_its_lock_and_its_release_leaves_the_new_one(tmp_path):
+    holder = RunLock(tmp_path, lease_s=0.3, renew_s=60)  # renews far too rarely: as if its node had gone away
+    holder.acquire()
+    time.sleep(0.5)
+    taker = RunLock(tmp_path, lease_s=0.3)
+    taker.acquire()
+    holder.release()  # the old holder's release compares owner ids: the new lock stays
+    assert read_json(tmp_path / ".lock")["owner"] == taker.owner["owner"]
+    assert holder.renew() is False  # and its next renewal finds the lock taken
+    taker.release()
+
+
+def test_a_requeued_slurm_job_takes_over_its_earlier_incarnation_s_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "7001")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    _lock_record(tmp_path / ".lock", slurm_job_id="7001", slurm_restart_count=1)  # fresh lease, other node
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    held = read_json(tmp_path / ".lock")
+    assert (held["owner"], held["slurm_job_id"], held["slurm_restart_count"]) == (lock.owner["owner"], "7001", 2)
+    lock.release()
+    for job, restarts in (("7001", 2), ("7002", 0)):  # the same incarnation (another step of it), another job
+        _lock_record(tmp_path / ".lock", slurm_job_id=job, slurm_restart_count=restarts)
+        with pytest.raises(RuntimeError, match="in use by pid 4242"):
+            RunLock(tmp_path).acquire()
+
+
+def _contend(run: str, start: multiprocessing.synchronize.Barrier, results: multiprocessing.Queue) -> None:
+    lock = RunLock(Path(run))
+    start.wait()
+    try:
+        lock.acquire()
+    except RuntimeError as err:
+        results.put(("refused", str(err)))
+        return
+    results.put(("won", lock.owner["owner"]))
+    time.sleep(1.0)  # hold it while the others judge it: a live lock now
+    lock.release()
+
+
+def test_contenders_racing_on_a_stale_lock_exactly_one_wins(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    for round_ in range(3):
+        run = tmp_path / f"run-{round_}"
+        run.mkdir()
+        _lock_record(run / ".lock", age=500)
+        start, results = ctx.Barrier(WRITERS), ctx.Queue()
+        procs = [ctx.Process(target=_contend, args=(str(run), start, results)) for _ in range(WRITERS)]
+        for p in procs:
+            p.start()
+        got = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0] * WRITERS
+        assert sorted(kind for kind, _ in got) == ["refused"] * (WRITERS - 1) + ["won"], got
+        assert not (run / ".lock").exists() and list(run.iterdir()) == []  # released; no claim or temp left
+
+
+def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
+    host, dead = socket.gethostname(), 2**22 + 11
+    stage = tmp_path / "stages/01-sft"
+    (stage / "work").mkdir(parents=True)
+    dead_file = stage / f".stage.json.tmp-{host}-{dead}-{'a' * 12}"
+    dead_dir = stage / f".model.tmp-{host}-{dead}-{'b' * 12}"
+    live_file = stage / f".stage.json.tmp-{host}-{os.getppid()}-{'c' * 12}"  # a live writer on this host
+    far_old = stage / "work" / f".model.old-node-b-77-{'d' * 12}"  # another host's, untouched for a lease
+    far_new = stage / f".model.tmp-node-b-78-{'e' * 12}"  # another host's, written to just now
+    legacy = stage / ".model.tmp"  # save_checkpoint's old name: its writer is unknown
+    for d in (dead_dir, far_old, far_new, legacy):
+        (d / "sub").mkdir(parents=True)
+        (d / "sub/weights.bin").write_bytes(b"x")
+    for f in (dead_file, live_file):
+        f.write_text("{")
+    for path in (far_old, far_old / "sub", far_old / "sub/weights.bin", legacy, legacy / "sub",
+                 legacy / "sub/weights.bin"):
+        os.utime(path, (time.time() - 500, time.time() - 500))
+    (stage / "stage.json").write_text("{}")
+    removed = remove_leftovers(tmp_path, lease_s=120)
+    assert sorted(removed) == sorted([dead_file, dead_dir, far_old, legacy])
+    assert all(not p.exists() for p in removed)
+    assert live_file.exists() and (far_new / "sub/weights.bin").exists() and (stage / "stage.json").exists()

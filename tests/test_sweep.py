@@ -184,8 +184,8 @@ def test_the_soup_averages_the_best_candidates_and_can_win(tmp_path):
     ctx = _ctx(tmp_path, "dpo.soup.top_k=2")
     trained = _run(ctx, Fakes(_weights(1, 8, 12, 3)))  # the two best: 8 and 12 (-4 each); their soup: 10 (0)
     soup = StageRecord.read(candidate_dir(ctx.stage_dir, "soup"))
-    assert soup.config == {"sources": [str(candidate_dir(ctx.stage_dir, c) / "model") for c in (IDS[1], IDS[2])],
-                           "weights": None}
+    assert soup.config == {"sources": [f"stages/03-dpo/candidates/{c}/model" for c in (IDS[1], IDS[2])],
+                           "weights": None}  # relative to the run folder, which may move
     assert _weight(Path(soup.output_model)) == 10 and soup.scores() == {METRIC: 0}
     m = trained.metrics
     assert m["selected"] == "soup" and [row["candidate"] for row in m["candidates"]] == [*IDS, "soup"]
@@ -205,7 +205,7 @@ def test_the_merge_mixes_the_soup_with_the_earlier_stage(tmp_path):
     _save(ctx.input_model, 14.0)
     trained = _run(ctx, Fakes(_weights(1, 4, 12, 3), target=10.0))  # soup 8; merge 0.75 x 8 + 0.25 x 14 = 9.5
     merged = StageRecord.read(candidate_dir(ctx.stage_dir, "merge"))
-    assert merged.config == {"sources": [str(candidate_dir(ctx.stage_dir, "soup") / "model"), str(ctx.input_model)],
+    assert merged.config == {"sources": ["stages/03-dpo/candidates/soup/model", "stages/02-midtrain/model"],
                              "weights": [0.75, 0.25]}
     assert _weight(Path(merged.output_model)) == pytest.approx(9.5)
     assert trained.metrics["selected"] == "merge" and _weight(ctx.stage_dir / "model") == pytest.approx(9.5)

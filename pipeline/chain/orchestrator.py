@@ -11,22 +11,43 @@ import gc
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import errors, logs, redact
-from pipeline.chain import manifest, outcome, preflight, sweep
+from pipeline.chain import manifest, outcome, preflight, ranks, sweep
 from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
-from pipeline.config import ConfigError, stage_section
+from pipeline.config import stage_section
+from pipeline.data import prep
 from pipeline.evaluation import gates, stats
 from pipeline.evaluation import lmeval as evaluate
-from pipeline.files import RunLock, temp_name, write_json, write_text
+from pipeline.files import RunLock, remove_leftovers, temp_name, write_json, write_text
 from pipeline.report import headline, leaderboard, modelcard
-from pipeline.runfolder import BASE, StageContext, StageRecord, Trained, base_dir, candidate_dir, eval_dir, run_dir
+from pipeline.runfolder import (
+    BASE,
+    FINISHED,
+    RECORD,
+    StageContext,
+    StageRecord,
+    Trained,
+    base_dir,
+    candidate_dir,
+    drop_work,
+    eval_dir,
+    run_dir,
+    stage_folders,
+)
 from pipeline.train import preempt
-from pipeline.train.distributed import close_process_group, main_writes, process_state, share_cpu_threads
+from pipeline.train.distributed import (
+    agreed_error,
+    close_process_group,
+    main_writes,
+    process_state,
+    share_cpu_threads,
+)
 
 log = logging.getLogger("pipeline")
 FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("compute_s", "compute {} s"),
@@ -45,19 +66,35 @@ def training_summary(metrics: dict) -> str:
 
 
 def open_run_dir(root: Path, lock: RunLock) -> str | None:
-    """Create the run folder, check it is writable and lock it; return an error message or None."""
+    """Create the run folder and lock it, then check it is writable; return an error message or None. A run
+    refused by the lock writes nothing into the folder."""
     try:
         root.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except RuntimeError as err:
+        return str(err)
+    except OSError as err:
+        return f"cannot write the run folder {root}: {err.strerror or err}"
+    try:
         probe = temp_name(root / ".write-test")  # one per process: sweep array tasks share the folder
         write_text(probe, "ok")
         probe.unlink()
     except OSError as err:
+        lock.release()
         return f"cannot write the run folder {root}: {err.strerror or err}"
-    try:
-        lock.acquire()
-    except RuntimeError as err:
-        return str(err)
     return None
+
+
+def tidy(root: Path) -> None:
+    """With the run lock held (main process): remove what killed writers left in the run folder (temporary files
+    and folders, `files.remove_leftovers`) and the checkpoints (`work/`) of stages whose record says they are
+    finished (killed after the record was written, before `work/` went)."""
+    for path in remove_leftovers(root):
+        log.info("removed %s, left by a writer that was stopped", path)
+    for folder in stage_folders(root):
+        if StageRecord.read(folder).status in FINISHED and (folder / "model").is_dir() and (folder / "work").is_dir():
+            log.info("removing %s: the stage finished", folder / "work")
+            shutil.rmtree(folder / "work", ignore_errors=True)
 
 
 class Run:
@@ -157,30 +194,36 @@ def _gate_half(record: StageRecord) -> str | None:
     return "gate" if len(m.get("candidates") or []) > 1 and m.get("selection_problems") else None
 
 
-def run_pipeline(cfg: DictConfig, argv: list[str]) -> int:
-    """Run the configured chain; return the exit code (0: every stage passed, 3: a gate stopped it)."""
+def run_pipeline(cfg: DictConfig, argv: list[str], on_lock: Callable[[RunLock], None] | None = None) -> int:
+    """Run the configured chain; return the exit code (0: every stage passed, 3: a gate stopped it). `on_lock`:
+    called with the run lock once the main process holds it (the run folder's outcome is this run's from then
+    on); the caller then releases it, after writing the outcome. Without it, the lock is released here."""
     from accelerate.utils import broadcast_object_list
 
     preflight.ppo_runs_here(cfg)  # before DeepSpeed's process group; every other check: `preflight.check`
     share_cpu_threads()
     state = process_state(cfg.collective_timeout_s)
+    prep.set_wait_limit(cfg.prep_timeout_s)
     root, candidate = run_dir(cfg), cfg.dpo.sweep.candidate
     # a single sweep candidate (a Slurm array task): array tasks share the run folder, one lock each
     lock = RunLock(root) if candidate is None else RunLock(root, f".lock-dpo-candidate-{candidate}")
     problem = [open_run_dir(root, lock) if state.is_main_process else None]
     broadcast_object_list(problem)
     if problem[0]:
-        raise ConfigError(problem[0])
+        raise agreed_error(problem[0])
+    if on_lock is not None and state.is_main_process:
+        on_lock(lock)
     together = False  # whether every rank reached the same ending (a finished chain, a gate stop, a preemption)
     try:
+        ranks.check_start(cfg, root)  # every rank sees the run folder and the cache, runs the same config and code
         code = _run_chain(_start(cfg, argv, Run(cfg, root, state.num_processes, state.is_main_process)))
         together = True
         return code
-    except errors.Preempted:
+    except (errors.Preempted, errors.MemoryAlert):
         together = True
         raise
     finally:
-        if state.is_main_process:
+        if state.is_main_process and on_lock is None:
             lock.release()
         close_process_group(together)
 
@@ -195,8 +238,9 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
     logs.setup(run.root / "pipeline.log" if run.main else None, run.main)
     with main_writes() as main:
         if main:
+            tidy(run.root)
             evaluate.write_tasks(cfg, run.tasks_dir)
-    run.decisions = preflight.check(cfg, run.root, run.tasks_dir)
+    run.decisions = ranks.same_decisions(ranks.collectively(preflight.check, cfg, run.root, run.tasks_dir))
     if cfg.dpo.sweep.candidate is not None:  # a single sweep candidate: nothing after dpo
         run.decisions = run.decisions[: [d.name for d in run.decisions].index("dpo") + 1]
     with main_writes() as main:
@@ -220,6 +264,7 @@ def _run_chain(run: Run) -> int:
         preempt.check(f"before stage {d.dir.name}")
         if d.action == "reuse":
             log.info("%s: reusing finished stage %s (fingerprint %s)", _label(run, d), d.dir, d.fingerprint)
+            _forget_redo(run, d)
         if d.action in ("train", "resume") and not _train(run, d, model or run.base()):
             return 0  # a single sweep candidate trained: the stage stays unfinished
         if d.action != "reuse":
@@ -241,17 +286,48 @@ def _freeze_survivors() -> None:
     gc.freeze()
 
 
+def _forget_redo(run: Run, d: StageDecision) -> None:
+    """A reused stage that a redo= retrained: once a run no longer asks for that redo, a later one redoes it again."""
+    record = StageRecord.read(d.dir)
+    if record.redone and d.name not in run.cfg.redo:
+        record.redone = None
+        record.write(d.dir)
+    elif record.redone and run.main:
+        log.info("%s: redo=[%s] was carried out by an earlier run of this command: reusing the stage it retrained "
+                 "(run once without redo to redo it again)", d.dir.name, d.name)
+
+
 def _label(run: Run, d: StageDecision) -> str:
     return f"stage {d.index}/{len(run.decisions)} {d.name}"
 
 
-def _clear_stale(folder: Path) -> None:
-    """Remove an earlier attempt's work from a stage folder; its model/ stays until replaced."""
+def _clear_stale(d: StageDecision) -> None:
+    """Before a stage trains from scratch: remove its earlier attempt's checkpoints (`work/`) and scores, and the
+    data it prepared (pairs, samples) unless that was prepared for the same inputs (`StageDecision.prepared`). Its
+    sweep candidates stay: each is reused when its own fingerprint matches. Its model/ stays until replaced."""
+    record = StageRecord.read(d.dir)
+    kept = {"model", "candidates", RECORD}
     with main_writes() as main:
-        if main and folder.is_dir():
-            for child in folder.iterdir():
-                if child.name != "model":
-                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if main and d.dir.is_dir():
+            gone = sorted(c.name for c in d.dir.iterdir() if c.name not in kept and
+                          (record.prepared != d.prepared or c.name in ("work", "eval")))
+            if record.status == "running" and (d.dir / "work").is_dir():
+                log.warning("%s: discarding the checkpoints of its interrupted attempt (%s)", d.dir.name,
+                            "redo=" if d.redo else "an earlier stage was retrained")
+            for name in gone:
+                child = d.dir / name
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def _invalidate_later(run: Run, d: StageDecision) -> None:
+    """A stage trains from scratch: every later stage and sweep candidate of this run folder was trained from the
+    model it replaces; mark their records `stale`, so that no rerun reuses them, whatever their fingerprints."""
+    later = [e.dir for e in run.decisions if e.index > d.index]
+    for folder in later + [c for e in later for c in sorted((e / "candidates").glob("*"))]:
+        record = StageRecord.read(folder)
+        if record.status and record.status != "stale":
+            record.status, record.prepared = "stale", None
+            record.write(folder)
 
 
 def _fit(run: Run, d: StageDecision, ctx: StageContext) -> Trained | None:
@@ -267,8 +343,8 @@ def _fit(run: Run, d: StageDecision, ctx: StageContext) -> Trained | None:
     def score(model: Path, out: Path) -> dict:
         return run.evaluate(model, select, out)
     if ctx.stage.sweep.candidate is None:
-        return sweep.run(ctx, d.fingerprint, train, score)  # scored on `select`'s tasks; `_score` adds the others
-    sweep.train_candidates(ctx, d.fingerprint, train, score, only=ctx.stage.sweep.candidate)
+        return sweep.run(ctx, d.inputs, train, score)  # scored on `select`'s tasks; `_score` adds the others
+    sweep.train_candidates(ctx, d.inputs, train, score, only=ctx.stage.sweep.candidate)
     return None
 
 
@@ -278,9 +354,11 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
     t0 = time.time()
     record = StageRecord(stage=d.name, index=d.index, fingerprint=d.fingerprint, upstream=d.upstream,
                          config=stage_section(run.cfg, d.name), data=d.data, input_model=str(model),
-                         world_size=run.world_size, status="running")
+                         world_size=run.world_size, status="running", redone=(d.name in run.cfg.redo) or None,
+                         prepared=d.prepared)
     if d.action == "train":
-        _clear_stale(d.dir)
+        _invalidate_later(run, d)
+        _clear_stale(d)
     record.write(d.dir)
     result = _fit(run, d, StageContext(run.cfg, d.name, model, d.dir))
     if result is None:
@@ -289,11 +367,13 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
         return False
     record.status, record.output_model = "trained", str(d.dir / "model")
     record.metrics, record.wall_time_s = result.metrics, round(time.time() - t0, 2)
-    record.config = result.config or record.config  # a sweep: the selected candidate's settings
+    if result.config:  # a sweep: the selected candidate's settings (the record's config stays the stage's)
+        record.metrics = {**record.metrics, "trained_with": result.config}
     if result.eval:  # a sweep already scored the selected model, on every task or on its gate's task only
         complete = set(_tasks(result.eval)) == set(evaluate.settings(run.cfg, d.name)["tasks"])
         record.eval, record.eval_fingerprint = result.eval, d.eval_fingerprint if complete else None
     record.write(d.dir)
+    drop_work(d.dir)  # its checkpoints go only once the record says trained
     log.info("%s: trained in %s: %s", _label(run, d), logs.duration(time.time() - t0),
              training_summary(result.metrics))
     return True

@@ -1,11 +1,12 @@
 """The final outcome of a run, in `<run>/outcome.json`: what `accelerate launch` hides behind its exit code 1.
 
-Written atomically by the main process when the pipeline ends, whatever the ending (every case but a
-command line that does not parse: that exits 2 before the run folder is known): the exit code, its
-name, a one-line reason, the stage in progress, and when the run started and ended. A run removes the
-previous run's file when it starts, so a script that finds no file (or an older `started`) knows the
-command failed before it reached its run folder. A DPO sweep candidate (`dpo.sweep.candidate=i`, a
-Slurm array task sharing the folder) writes `outcome-dpo-candidate-<i>.json` instead.
+Written atomically by the main process when the pipeline ends, whatever the ending, provided it held the run
+lock (a command line that does not parse exits 2 before the run folder is known; a run refused because another
+holds the folder exits 2 and touches none of its files): the exit code, its name, a one-line reason, the stage in
+progress, and when the run started and ended. A run removes the previous run's file once it holds the lock, so a
+script that finds no file (or an older `started`) knows the command failed before it reached its run folder.
+A DPO sweep candidate (`dpo.sweep.candidate=i`, a Slurm array task sharing the folder) writes
+`outcome-dpo-candidate-<i>.json` instead.
 """
 
 from __future__ import annotations
@@ -43,16 +44,19 @@ class Outcome:
         self.path = outcome_path(root, candidate)
         self.argv = redact.argv(argv)
         self.started = _now()
+        self.held = False  # whether this process holds the run lock: only then does it touch the file
 
     def start(self) -> None:
-        """Remove the previous invocation's outcome (a missing file now means: not finished)."""
+        """Once this process holds the run lock: remove the previous invocation's outcome (a missing file now
+        means: not finished)."""
+        self.held = True
         if self.path.parent.is_dir():  # a run folder that cannot exist (e.g. under a file) is reported later
             self.path.unlink(missing_ok=True)
 
     def finish(self, code: int, reason: str) -> None:
         """Write the exit code, its name, the reason and the stage in progress, atomically (secrets redacted)."""
-        if not self.path.parent.is_dir():
-            return  # the run folder was never created (e.g. it is not writable): nothing to record into
+        if not (self.held and self.path.parent.is_dir()):
+            return  # another run holds the folder, or it was never created (e.g. not writable): nothing to record
         with contextlib.suppress(OSError):  # a folder that cannot be written keeps the exit code as it is
             write_json(self.path, {"exit_code": code, "outcome": NAMES.get(code, "crashed"),
                                    "reason": redact.scrub(reason),

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import redact
 from pipeline.chain import merge
-from pipeline.config import ConfigError, grid
+from pipeline.config import ConfigError, grid, stage_section, training_view
 from pipeline.evaluation import stats
 from pipeline.files import atomic_dir, fingerprint
 from pipeline.runfolder import (
@@ -31,10 +31,13 @@ from pipeline.runfolder import (
     StageRecord,
     Trained,
     candidate_dir,
+    drop_work,
     earlier_stage_model,
     eval_dir,
     finished,
     input_stage,
+    run_root,
+    stored_path,
 )
 from pipeline.train.distributed import main_writes
 
@@ -71,29 +74,52 @@ def _score(record: StageRecord, out: Path, evaluate: Evaluate) -> StageRecord:
     return StageRecord.read(out)
 
 
-def _candidate(ctx: StageContext, stage_fp: str, cand: dict, train: Train, evaluate: Evaluate) -> StageRecord:
-    """One grid candidate: reused when finished with the same fingerprint, else trained (or re-scored)."""
-    cctx, fp = ctx.for_candidate(cand), fingerprint({"stage": stage_fp, "candidate": cand})
+def candidate_fingerprint(ctx: StageContext, inputs: str, cand: dict) -> str:
+    """A grid candidate's fingerprint: the stage's inputs (`StageDecision.inputs`) and what the candidate trains
+    (the stage's settings with the candidate's over them, not the grid, soup or merge): other candidates, a grid
+    that grows or a changed soup leave it as it was."""
+    section = stage_section(ctx.cfg, ctx.name, {k: v for k, v in cand.items() if k != "id"})
+    trains = training_view(section, OmegaConf.get_type(ctx.cfg[ctx.name]))
+    return fingerprint({"inputs": inputs, "config": {k: v for k, v in trains.items() if k not in NOT_TRAINING}})
+
+
+def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, evaluate: Evaluate) -> StageRecord:
+    """One grid candidate: reused when finished with the same fingerprint, resumed when interrupted with it, else
+    trained from scratch (or re-scored)."""
+    cctx, fp = ctx.for_candidate(cand), candidate_fingerprint(ctx, inputs, cand)
     record = StageRecord.read(cctx.out_dir)
     if finished(record, cctx.out_dir, fp) and record.status == "done":
         log.info("candidate %s: reusing", cand["id"])
+        drop_work(cctx.out_dir)  # left when a kill came between its record and the removal
         return record
     if not finished(record, cctx.out_dir, fp):
+        if not (record.fingerprint == fp and record.status == "running"):
+            _clear(cctx.out_dir)  # an attempt with other settings or inputs: its checkpoints must not resume
         config = OmegaConf.to_container(cctx.stage, resolve=True)
-        record = StageRecord(stage=ctx.name, candidate=cand["id"], fingerprint=fp, status="trained",
-                             config=redact.config({k: v for k, v in config.items() if k not in NOT_TRAINING}),
-                             metrics=train(cctx))
+        record = StageRecord(stage=ctx.name, candidate=cand["id"], fingerprint=fp, status="running",
+                             config=redact.config({k: v for k, v in config.items() if k not in NOT_TRAINING}))
+        record.write(cctx.out_dir)
+        record.metrics, record.status = train(cctx), "trained"
         record.write(cctx.out_dir)  # trained; a crash during its eval re-scores only
+    drop_work(cctx.out_dir)  # its checkpoints go only once the record says trained
     return _score(record, cctx.out_dir, evaluate)
 
 
-def train_candidates(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate,
+def _clear(folder: Path) -> None:
+    """Empty a candidate's folder (main process; every rank waits)."""
+    with main_writes() as main:
+        if main and folder.is_dir():
+            shutil.rmtree(folder)
+
+
+def train_candidates(ctx: StageContext, inputs: str, train: Train, evaluate: Evaluate,
                      only: int | None = None) -> list[StageRecord]:
-    """Train (or reuse) and score the grid's candidates, or only the one numbered `only`."""
+    """Train (or reuse) and score the grid's candidates, or only the one numbered `only`; `inputs`: what the stage
+    starts from (`StageDecision.inputs`)."""
     cands = grid(ctx.stage)
     records = []
     for cand in cands if only is None else [cands[only]]:
-        record = _candidate(ctx, stage_fp, cand, train, evaluate)
+        record = _candidate(ctx, inputs, cand, train, evaluate)
         metric = ctx.stage.gate.metric
         if metric:
             log.info("candidate %s: %.3f on the selection half", cand["id"], _value(record, metric))
@@ -101,12 +127,13 @@ def train_candidates(ctx: StageContext, stage_fp: str, train: Train, evaluate: E
     return records
 
 
-def _combine(ctx: StageContext, stage_fp: str, kind: str, models: list[Path], weights: list[float] | None,
+def _combine(ctx: StageContext, inputs: str, kind: str, models: list[Path], weights: list[float] | None,
              evaluate: Evaluate) -> StageRecord:
     """A soup (uniform average) or linear merge of `models` as a scored candidate under `candidates/<kind>`."""
     out = candidate_dir(ctx.stage_dir, kind)
-    sources = [str(m) for m in models]
-    fp = fingerprint({"stage": stage_fp, kind: sources, "weights": weights})
+    sources = [stored_path(m, run_root(out)) for m in models]  # relative to the run folder: it may move
+    made_of = [StageRecord.read(Path(m).parent).fingerprint for m in models]  # its ingredients, wherever they lie
+    fp = fingerprint({"inputs": inputs, kind: made_of, "weights": weights})
     record = StageRecord.read(out)
     if record.status == "done" and finished(record, out, fp):
         return record
@@ -121,19 +148,19 @@ def _combine(ctx: StageContext, stage_fp: str, kind: str, models: list[Path], we
     return _score(StageRecord(stage=ctx.name, candidate=kind, fingerprint=fp, config=config), out, evaluate)
 
 
-def _soup_and_merge(ctx: StageContext, stage_fp: str, ranked: list[StageRecord],
+def _soup_and_merge(ctx: StageContext, inputs: str, ranked: list[StageRecord],
                     evaluate: Evaluate) -> list[StageRecord]:
     """The soup of the best candidates and the merge with an earlier stage, as the stage asks for them."""
     stage, extra = ctx.stage, []
     if stage.soup.top_k:
         models = [Path(r.output_model) for r in ranked[: stage.soup.top_k]]
-        extra.append(_combine(ctx, stage_fp, "soup", models, None, evaluate))
+        extra.append(_combine(ctx, inputs, "soup", models, None, evaluate))
     if stage.merge.stage:
         base = earlier_stage_model(ctx.stage_dir, stage.merge.stage)
         if base is None:
             raise ConfigError(f"dpo.merge.stage '{stage.merge.stage}' has no finished checkpoint in this run")
         top = extra[-1] if extra else ranked[0]
-        extra.append(_combine(ctx, stage_fp, "merge", [Path(top.output_model), base],
+        extra.append(_combine(ctx, inputs, "merge", [Path(top.output_model), base],
                               [1 - stage.merge.weight, stage.merge.weight], evaluate))
     return extra
 
@@ -146,12 +173,12 @@ def versus_input(stage: Path, candidate_eval: Path, metric: str, half: str | Non
     return stats.paired_difference(eval_dir(source), candidate_eval, metric, half) if source else None
 
 
-def run(ctx: StageContext, stage_fp: str, train: Train, evaluate: Evaluate) -> Trained:
+def run(ctx: StageContext, inputs: str, train: Train, evaluate: Evaluate) -> Trained:
     """Train every candidate, add soup / merge, select by the gate metric into `ctx.stage_dir/model`."""
     metric = ctx.stage.gate.metric
-    candidates = train_candidates(ctx, stage_fp, train, evaluate)
+    candidates = train_candidates(ctx, inputs, train, evaluate)
     ranked = sorted(candidates, key=lambda r: -_value(r, metric))  # stable: ties keep grid order
-    candidates += _soup_and_merge(ctx, stage_fp, ranked, evaluate)
+    candidates += _soup_and_merge(ctx, inputs, ranked, evaluate)
     selected = max(candidates, key=lambda r: _value(r, metric))  # max keeps the first of equal values
     with main_writes() as main:
         if main:

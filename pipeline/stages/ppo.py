@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from typing import Any
 
 import torch
@@ -70,7 +69,8 @@ def _models(ctx: StageContext, tok: Any, device: Any) -> tuple[Any, Any, ValueMo
 
 
 def _save(ctx: StageContext, loop: PPOLoop, model: Any, tok: Any, history: list[dict]) -> None:
-    """The policy as `model/` (atomically), the value model, the update history; the work folder goes."""
+    """The policy as `model/` (atomically), the value model, the update history; the work folder stays until the
+    stage's record says trained (the orchestrator removes it then)."""
     def write(tmp):
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -79,7 +79,6 @@ def _save(ctx: StageContext, loop: PPOLoop, model: Any, tok: Any, history: list[
         if main:
             loop.acc.unwrap_model(loop.value).model.save_pretrained(ctx.out_dir / "value_model")
             write_text(ctx.out_dir / "history.json", json.dumps(history, indent=1))
-            shutil.rmtree(loop.work_dir, ignore_errors=True)
 
 
 def run(ctx: StageContext) -> dict:

@@ -2,7 +2,9 @@
 saved checkpoint (`fit`), and the atomic checkpoint save (models and tokenizers load through `models`).
 
 A checkpoint is written to a temporary folder and renamed into place, so `model/` is always whole;
-with LoRA the adapter is merged and a full plain checkpoint is saved.
+with LoRA the adapter is merged and a full plain checkpoint is saved. A Trainer checkpoint (`work/checkpoint-N`)
+counts only once its files are fsynced and its marker (`COMPLETE`, listing them with their sizes) is written last
+(`CheckpointMarker`); resuming skips and removes any other.
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from transformers import TrainerCallback
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
 from pipeline.data import prep
-from pipeline.errors import Preempted, TrainingFailed
-from pipeline.files import commit_dir, read_json
+from pipeline.errors import MemoryAlert, TrainingFailed
+from pipeline.files import commit_dir, fsync_tree, read_json, temp_name, write_json
 from pipeline.train import precision as prec
 from pipeline.train import preempt, progress, tracking
-from pipeline.train.distributed import is_main, main_writes, trainer_state_args
+from pipeline.train.distributed import is_main, main_value, main_writes, trainer_state_args
 from pipeline.train.telemetry import MEMORY_LIMIT, Telemetry
 
 MFU_ALERT = 0.30  # warn below this model FLOPs utilisation (GPU only: CPUs have no MFU)
@@ -86,9 +89,10 @@ def lora_config(stage: Any):
 
 
 def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple[Any, str | None]:
-    """Train (resuming from the last checkpoint in the trainer's output folder) and save `out_dir/model`."""
+    """Train (resuming from the last complete checkpoint in the trainer's output folder) and save `out_dir/model`.
+    The checkpoints (`work/`) stay: the caller removes them once its record says the stage is trained."""
     work_dir = Path(trainer.args.output_dir)
-    resume = last_complete_checkpoint(work_dir)
+    resume = main_value(last_complete_checkpoint(work_dir) if is_main() else None)  # one answer for every rank
     if resume:
         log.info("resuming %s from %s", out_dir.name, resume)
     trainer.add_callback(preempt.PreemptCallback())
@@ -96,23 +100,26 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
         result = trainer.train(resume_from_checkpoint=resume)
         preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
         if telemetry.memory_stop:
-            raise Preempted(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name}; checkpoint saved")
+            raise MemoryAlert(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name} at step "
+                              f"{trainer.state.global_step}; checkpoint saved in {work_dir}. Lower what a step needs "
+                              "with settings a resume may change: halve per_device_train_batch_size and double "
+                              "gradient_accumulation_steps (the same training), or activation_checkpointing=true; "
+                              "then rerun with them to resume")
         save_trained(trainer, tok, out_dir / "model")
     unset_hf_deepspeed_config()  # ZeRO-3 must not partition what one process loads later (eval, sampling)
-    with main_writes() as main:
-        if main:
-            shutil.rmtree(work_dir, ignore_errors=True)
     return result, resume
 
 
 def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int, matmul_precision: str = "highest") -> dict:
-    """Train (resuming from the last checkpoint in the trainer's output folder), save a full checkpoint
-    to `out_dir/model` atomically, drop the intermediate checkpoints, and return the training metrics.
+    """Train (resuming from the last complete checkpoint in the trainer's output folder), save a full checkpoint
+    to `out_dir/model` atomically, and return the training metrics. The intermediate checkpoints (`work/`) stay
+    until the caller's record says the stage is trained (`runfolder.drop_work`).
     The training steps' fp32 matrix products run at `matmul_precision` (`precision.matmul_precision`).
 
     Runs collectively on every rank; only the main process writes files.
     """
     started = time.time()
+    trainer.add_callback(CheckpointMarker(trainer.args))  # first: its fsync counts as saving time in the telemetry
     telemetry = Telemetry().attach(trainer)
     progress.attach(trainer, out_dir.name)
     trainer.add_callback(guard := prec.NonFiniteGuard(nonfinite_limit))  # skips and counts non-finite steps
@@ -154,20 +161,80 @@ def parallelism(accelerator: Any) -> dict:
             "zero_stage": plugin.zero_stage if plugin else None, "collective_timeout_s": prep.group_timeout_s()}
 
 
-def last_complete_checkpoint(work_dir: Path) -> str | None:
-    """The newest `checkpoint-N` whose trainer_state.json (written last by the Trainer) parses.
+COMPLETE = ".complete"  # the marker written last into a complete Trainer checkpoint
 
-    A checkpoint cut short by a crash is removed, so training resumes from the one before it.
-    """
+
+class CheckpointMarker(TrainerCallback):
+    """Makes a Trainer checkpoint count only once it is whole on disk. The Trainer calls `on_save` after it has
+    written `checkpoint-N` completely (model, optimizer, scheduler, RNG states, trainer_state.json); then every
+    rank fsyncs the checkpoint's files and the main process writes the marker, atomically and last, listing each
+    file with its size. It also takes over the Trainer's rotation (`save_total_limit`), which runs before
+    `on_save`, so that no rotation removes the last marked checkpoint before the new one is marked."""
+
+    def __init__(self, args: Any) -> None:
+        self.limit = args.save_total_limit
+        args.save_total_limit = None  # rotated here, after the marker
+
+    def on_save(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        with main_writes():
+            if folder.is_dir():
+                fsync_tree(folder)  # each rank the files it wrote (ZeRO shards, RNG states), shared storage or not
+        with main_writes() as main:
+            if main and folder.is_dir():
+                mark_checkpoint(folder, state.global_step)
+                self._rotate(Path(args.output_dir))
+        return control
+
+    def _rotate(self, work_dir: Path) -> None:
+        if not self.limit or self.limit <= 0:
+            return
+        marked = [p for _, p in _checkpoints(work_dir) if (p / COMPLETE).is_file()]
+        for old in marked[: -self.limit]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def mark_checkpoint(folder: Path, step: int) -> None:
+    """Write `folder/COMPLETE` (atomically, fsynced): the step and every file of the checkpoint with its size."""
+    files = {f.relative_to(folder).as_posix(): f.stat().st_size for f in sorted(folder.rglob("*"))
+             if f.is_file() and not f.name.startswith(f".{COMPLETE}") and f.name != COMPLETE}
+    write_json(folder / COMPLETE, {"step": step, "files": files})
+    fsync_tree(folder.parent, files=False)  # the checkpoint's own entry in work/
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the Trainer checkpoint `path` cannot be resumed from (None: it is complete): no marker, or a file the
+    marker lists missing or of another size, or a trainer_state.json that does not parse."""
+    marker = read_json(path / COMPLETE)
+    if marker is None:
+        return "no completion marker: cut short, or saved by an older version"
+    for name, size in (marker.get("files") or {}).items():
+        try:
+            actual = (path / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} has {actual} bytes, {size} when saved"
+    if read_json(path / "trainer_state.json") is None:
+        return "its trainer_state.json does not parse"
+    return None
+
+
+def _checkpoints(work_dir: Path) -> list[tuple[int, Path]]:
+    return sorted((int(p.name.split("-")[1]), p) for p in work_dir.glob("checkpoint-*") if p.name[11:].isdigit())
+
+
+def last_complete_checkpoint(work_dir: Path) -> str | None:
+    """The newest `checkpoint-N` that is complete (`checkpoint_problem`); each newer one is removed with a
+    warning, so training resumes from the one before it and no rotation keeps a broken one."""
     if not work_dir.is_dir():
         return None
-    steps = sorted((int(p.name.split("-")[1]), p) for p in work_dir.glob("checkpoint-*") if p.name[11:].isdigit())
-    for _, path in reversed(steps):
-        if read_json(path / "trainer_state.json") is not None:
+    for _, path in reversed(_checkpoints(work_dir)):
+        problem = checkpoint_problem(path)
+        if problem is None:
             return str(path)
-        if is_main():
-            log.warning("dropping incomplete checkpoint %s", path)
-            shutil.rmtree(path, ignore_errors=True)
+        log.warning("dropping incomplete checkpoint %s (%s); falling back to the one before", path, problem)
+        shutil.rmtree(path, ignore_errors=True)
     return None
 
 
@@ -175,10 +242,8 @@ def save_checkpoint(out: Path, write: Callable[[Path], None], every_rank: bool =
     """Write the checkpoint folder `out` atomically: `write(tmp)` fills a temporary folder beside it (on the
     main process, or on every rank when the save is collective, e.g. gathering ZeRO-3 shards), then the main
     process renames it into place. Every rank calls this; every rank returns once `out` is whole."""
-    tmp = out.with_name(f".{out.name}.tmp")
-    with main_writes() as main:
-        if main:
-            shutil.rmtree(tmp, ignore_errors=True)
+    tmp = Path(main_value(str(temp_name(out))))  # the main process's: a leftover names its host and pid
+    main = is_main()
     try:
         with main_writes():
             if main or every_rank:
