@@ -20,6 +20,8 @@ import torch
 from conftest import FAST, ROOT, run_cli
 from transformers import AutoModelForCausalLM
 
+from pipeline.runfolder import StageRecord
+
 pytestmark = pytest.mark.slow
 LOSS_TOL = 2e-5  # absolute, per logged step (losses are 1 to 5)
 WEIGHT_TOL = 5e-5  # absolute, per parameter, after the whole chain
@@ -80,7 +82,7 @@ def test_chain_on_two_processes_matches_one_process_with_accumulation(config, di
         assert not info["missing_keys"] and not info["mismatched_keys"]
         weights = model.state_dict()
         ref_weights = AutoModelForCausalLM.from_pretrained(one_process / "stages" / stage / "model").state_dict()
-        before = AutoModelForCausalLM.from_pretrained(record["input_model"]).state_dict()
+        before = AutoModelForCausalLM.from_pretrained(StageRecord.read(run / "stages" / stage).input_model).state_dict()
         assert weights.keys() == ref_weights.keys()
         for key, value in weights.items():
             torch.testing.assert_close(value, ref_weights[key], atol=WEIGHT_TOL, rtol=0, msg=f"{stage} {key}")

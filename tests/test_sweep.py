@@ -7,6 +7,7 @@ real weight averages scored like any candidate.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,14 @@ def test_a_finished_soup_whose_model_is_gone_is_made_again(tmp_path):
     (soup / "model.safetensors").unlink()
     soup.rmdir()
     assert _run(ctx, Fakes(_weights(1, 8, 12, 3))).metrics["selected"] == "soup" and _weight(soup) == 10
+
+
+def test_a_run_folder_moved_mid_sweep_reuses_its_candidates_soup_included(tmp_path):
+    first = Fakes(_weights(1, 8, 12, 3))
+    _run(_ctx(tmp_path / "a", "dpo.soup.top_k=2"), first)
+    (tmp_path / "a/stages/03-dpo/model/model.safetensors").unlink()  # as if killed before the selection was copied
+    shutil.move(tmp_path / "a", tmp_path / "b")  # the records name their models relative to the run folder
+    ctx, again = _ctx(tmp_path / "b", "dpo.soup.top_k=2"), Fakes(_weights(1, 8, 12, 3))
+    trained = _run(ctx, again)
+    assert again.trained == [] and again.scored == []  # every candidate and the soup reused where they are now
+    assert trained.metrics["selected"] == "soup" and _weight(ctx.stage_dir / "model") == 10
