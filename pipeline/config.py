@@ -29,14 +29,16 @@ DEFAULT_RECIPE = "tiny"  # the embedded demo: runs anywhere in minutes
 
 
 def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None, added: bool = False,
-        stage: str = "") -> Any:
+        stage: str = "", resumable: bool = False) -> Any:
     """A config field with its help text (`metadata={"help": ...}`, as TRL's configs have; `help=true` lists it).
 
     `added`: a field newer than existing run folders. Left at its default it is not part of any fingerprint
     (`fingerprint_view`), so those folders still resume. `stage`: the field is a stage kind's section, trained by
-    the module `pipeline.stages.<stage>` (`STAGE_MODULES`).
+    the module `pipeline.stages.<stage>` (`STAGE_MODULES`). `resumable`: the field changes how a stage runs (logging,
+    saving, memory), not what it trains: it is left out of the stage's fingerprint (`training_view`), so a resume
+    or a reuse may change it; `help=true` marks it.
     """
-    meta = {"help": help, "added": added, **({"stage": stage} if stage else {})}
+    meta = {"help": help, "added": added, "resumable": resumable, **({"stage": stage} if stage else {})}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -122,22 +124,24 @@ class OptimConfig:
     weight_decay: float = arg("AdamW weight decay", 0.0)
     num_train_epochs: float = arg("passes over the data (when max_steps <= 0)", 1.0)
     max_steps: int = arg("> 0 overrides num_train_epochs", -1)
-    per_device_train_batch_size: int = arg("sequences per device and micro-batch", 1)
-    gradient_accumulation_steps: int = arg("micro-batches per optimiser step", 1)
+    per_device_train_batch_size: int = arg("sequences per device and micro-batch (the fingerprint holds its product "
+                                           "with gradient_accumulation_steps: a resume may trade one for the other)",
+                                           1, resumable=True)
+    gradient_accumulation_steps: int = arg("micro-batches per optimiser step", 1, resumable=True)
     max_length: int = arg("most tokens per training sequence", 2048)
     padding_free: bool = arg("batches without padding (flash attention's position ids)", False)
-    activation_checkpointing: bool = arg("saves memory on large models; turn off for small ones", True)
+    activation_checkpointing: bool = arg("saves memory on large models; turn off for small ones", True, resumable=True)
     matmul_precision: str = arg("fp32 matrix products in training steps (torch.set_float32_matmul_precision): "
                                 "highest | high (TF32 on NVIDIA GPUs) | medium (bf16 products, fp32 sums: GPUs, and "
                                 "CPUs with AMX / avx512_bf16); evaluation and DPO's on-policy sampling keep highest "
                                 "(PPO's rollouts run at it)", "highest", added=True)
-    logging_steps: int = arg("log every N optimiser steps", 10)
-    save_steps: int = arg("save a resumable checkpoint every N steps", 500)
+    logging_steps: int = arg("log every N optimiser steps", 10, resumable=True)
+    save_steps: int = arg("save a resumable checkpoint every N steps", 500, resumable=True)
     lora: LoraConfig = arg("LoRA adapter settings (r = 0: full fine-tuning)", factory=LoraConfig)
     eval: EvalConfig = arg("this stage's lm-eval settings over the top-level eval (null: inherit)", factory=EvalConfig)
     gate: GateConfig = arg("the gate judged after this stage's evaluation", factory=GateConfig)
     nonfinite_limit: int = arg("optimizer steps with a NaN/inf loss or gradient that are skipped (counted in the stage "
-                               "metrics) before the stage stops (exit 4)", 10, added=True)
+                               "metrics) before the stage stops (exit 4)", 10, added=True, resumable=True)
     use_liger_kernel: bool = arg("Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy): "
                                  "less memory at long context; CUDA and the liger-kernel package only", False,
                                  added=True)
@@ -161,9 +165,9 @@ class TrainConfig(OptimConfig):
                         "the same rows per step", "random")
     activation_offloading: bool = arg("TRL's activation offloading: saved activations go to CPU memory during the "
                                       "forward pass and come back for the backward; for long sequences (CUDA)", False,
-                                      added=True)
+                                      added=True, resumable=True)
     num_proc: int = arg("processes tokenising this stage's rows (datasets map num_proc); progress in rows/s", 1,
-                        added=True)
+                        added=True, resumable=True)
 
 
 @dataclass
@@ -177,7 +181,7 @@ class OnPolicyConfig:
     temperature: float = arg("sampling temperature", 1.0)
     max_prompts: int = arg("most prompts sampled: the first N of the mixture (shuffled with its seed); "
                            "0: all prompts", 0)
-    batch_size: int = arg("prompts per generation batch (hf)", 32)
+    batch_size: int = arg("prompts per generation batch (hf)", 32, resumable=True)
     backend: str = arg("hf: transformers' generate | vllm: a vLLM engine (continuous batching)", "hf", added=True)
     reference_chosen: bool = arg("a prompt with no correct sample pairs its reference answer (the mixture's `answer`, "
                                  "chosen) with a wrong sample, as SPIN does: pairs from a model that rarely gets one "
@@ -219,7 +223,7 @@ class DpoConfig(OptimConfig):
     soup: SoupConfig = arg("a uniform average of the best candidates, as one more candidate", factory=SoupConfig)
     merge: MergeConfig = arg("a linear merge with an earlier stage's model, as one more candidate", factory=MergeConfig)
     activation_offloading: bool = arg("TRL's activation offloading of saved activations to CPU memory (CUDA)", False,
-                                      added=True)
+                                      added=True, resumable=True)
 
 
 def _midtrain_defaults() -> TrainConfig:
@@ -336,6 +340,8 @@ class RunConfig:
     collective_timeout_s: int = arg("timeout of every collective (process-group waits, all-reduces) in seconds; 5 h as "
                                     "in SmolLM3's configs. Data preparation is not under it: the other ranks wait "
                                     "for the cache folder on disk", 18000)
+    prep_timeout_s: int = arg("how long the other ranks wait for the main process to prepare a cache folder (tokenised "
+                              "data) on disk, in seconds; past it they stop with exit 2 naming the folder", 86400)
 
 
 # The stage registry: kind (a RunConfig section) -> its module in pipeline/stages/ (`pipeline.stages.STAGES`)
@@ -385,7 +391,8 @@ def _is_section(value: Any) -> bool:
 
 
 def _leaf(key: str, value: Any, field_: Any) -> str:
-    return f"  {key}={_show(value)}  ({_kind(field_.type)}) {field_.metadata.get('help', '')}"
+    resumable = " [a resume may change it]" if field_.metadata.get("resumable") else ""
+    return f"  {key}={_show(value)}  ({_kind(field_.type)}) {field_.metadata.get('help', '')}{resumable}"
 
 
 def _section(node: DictConfig, key: str, text: str) -> list[str]:
@@ -524,6 +531,19 @@ def schema(extension: str = "") -> DictConfig:
     return cfg
 
 
+def yaml_problem(err: Exception, where: bool = True) -> str:
+    """A YAML parser's error in one line: what is wrong and, with `where`, at which line and column; any other
+    error (a file that is not UTF-8 text) in its own words."""
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})"
+    problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
+    mark, context, start = (getattr(err, k, None) for k in ("problem_mark", "context", "context_mark"))
+    if not where or mark is None:
+        return problem
+    opened = f" ({context} at line {start.line + 1}, column {start.column + 1})" if context and start else ""
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}{opened}"
+
+
 def load_config(argv: list[str]) -> DictConfig:
     """Resolve `recipe=NAME key=value ...` into a validated, read-only run config."""
     overrides = []
@@ -538,14 +558,18 @@ def load_config(argv: list[str]) -> DictConfig:
     try:
         delta = OmegaConf.to_container(OmegaConf.load(path)) or {}
     except Exception as err:  # noqa: BLE001 - YAML parser errors come in many types
-        raise ConfigError(f"cannot parse recipe {path}: {err}") from None
+        raise ConfigError(f"cannot parse recipe {path}: {yaml_problem(err)}") from None
     extension = next((v for k, v in reversed(overrides) if k == "extension"), delta.get("extension", ""))
     cfg = schema(str(extension or ""))
     for key, value in _flatten(delta, cfg):
         _apply(cfg, key, value, f"recipe {path.name}")
     cfg.recipe = recipe
     for key, raw in overrides:
-        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"x={raw}"]))["x"] if raw else ""
+        try:
+            value = OmegaConf.to_container(OmegaConf.from_dotlist([f"x={raw}"]))["x"] if raw else ""
+        except Exception as err:  # noqa: BLE001 - YAML parser errors come in many types
+            raise ConfigError(f"argument '{key}={raw}' in command line: its value does not parse ("
+                              f"{yaml_problem(err, where=False)}); close its brackets or quote it") from None
         key = "plan.enabled" if key == "plan" and isinstance(value, bool) else key  # `plan=true` shorthand
         _apply(cfg, key, value, "command line")
     if not cfg.run_name:
@@ -703,10 +727,39 @@ def cache_dir(cfg: DictConfig) -> Path:
     return Path(cfg.cache_dir or Path(cfg.output_root) / ".cache")
 
 
-def stage_section(cfg: DictConfig, name: str) -> dict:
+# TRL fields of a stage's `trainer` mapping that change how it runs, not what it trains (as `resumable` fields)
+RESUMABLE_TRAINER_KEYS = ("logging_", "save_", "eval_", "report_to", "run_name", "push_to_hub", "hub_", "disable_tqdm",
+                          "log_level", "log_on_each_node", "dataloader_", "gradient_checkpointing",
+                          "torch_empty_cache_steps", "skip_memory_metrics", "include_tokens_per_second")
+
+
+def training_view(section: dict, schema: type) -> dict:
+    """What a stage section trains, as its fingerprint hashes it: without its `resumable` fields (logging, saving,
+    memory switches), the resumable keys of its `trainer` mapping, and its eval and gate; the batch size per device
+    and the gradient accumulation enter as their product (the samples per device and optimizer step)."""
+    types, out = typing.get_type_hints(schema), {k: v for k, v in section.items() if k not in ("eval", "gate")}
+    if "per_device_train_batch_size" in out and "gradient_accumulation_steps" in out:
+        out["samples_per_device_step"] = out["per_device_train_batch_size"] * out["gradient_accumulation_steps"]
+    for f in fields(schema):
+        if f.name not in out:
+            continue
+        if f.metadata.get("resumable"):
+            del out[f.name]
+        elif is_dataclass(types[f.name]) and isinstance(out[f.name], dict):
+            out[f.name] = training_view(out[f.name], types[f.name])
+    if isinstance(out.get("trainer"), dict):
+        out["trainer"] = {k: v for k, v in out["trainer"].items() if not k.startswith(RESUMABLE_TRAINER_KEYS)}
+        if not out["trainer"]:
+            del out["trainer"]  # as an empty mapping, an `added` field at its default: in no fingerprint
+    return out
+
+
+def stage_section(cfg: DictConfig, name: str, overrides: dict | None = None) -> dict:
     """A stage's training config as a plain dict (for fingerprints and stage.json): no eval, no gate, secrets
-    redacted (`pipeline.redact`: a token's value is neither written nor fingerprinted)."""
-    section = fingerprint_view(OmegaConf.to_container(cfg[name], resolve=True), OmegaConf.get_type(cfg[name]))
+    redacted (`pipeline.redact`: a token's value is neither written nor fingerprinted); with a sweep candidate's
+    `overrides` over it."""
+    node = OmegaConf.merge(cfg[name], overrides) if overrides else cfg[name]
+    section = fingerprint_view(OmegaConf.to_container(node, resolve=True), OmegaConf.get_type(cfg[name]))
     if "sweep" in section:
         del section["sweep"]["candidate"]  # which candidate one job trains does not change the stage
     return redact.config({k: v for k, v in section.items() if k not in ("eval", "gate")})

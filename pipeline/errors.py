@@ -6,14 +6,17 @@
     3   gate_stop        a gate stopped the chain (the leaderboard is still written)
     4   training_failed  a stage could not finish training (`TrainingFailed`): its losses diverged, or the disk
                          is full; earlier checkpoints are intact; fix the cause, then rerun to resume
-    75  preempted        SIGTERM / SIGUSR1 or device memory: a checkpoint was saved (`Preempted`); rerun to resume
+    5   memory_alert     device memory passed its limit during a step: a checkpoint was saved (`MemoryAlert`); lower
+                         the memory a step needs (settings a resume may change), then rerun to resume. Not
+                         requeued by the Slurm scripts: the same settings would hit the same peak
+    75  preempted        SIGTERM / SIGUSR1 / SIGINT: what is resumable was saved (`Preempted`); rerun to resume
 """
 
 from __future__ import annotations
 
-PASSED, CRASHED, BAD_INPUT, GATE_STOP, TRAINING_FAILED, PREEMPTED = 0, 1, 2, 3, 4, 75
+PASSED, CRASHED, BAD_INPUT, GATE_STOP, TRAINING_FAILED, MEMORY_ALERT, PREEMPTED = 0, 1, 2, 3, 4, 5, 75
 NAMES = {PASSED: "passed", CRASHED: "crashed", BAD_INPUT: "bad_input", GATE_STOP: "gate_stop",
-         TRAINING_FAILED: "training_failed", PREEMPTED: "preempted"}
+         TRAINING_FAILED: "training_failed", MEMORY_ALERT: "memory_alert", PREEMPTED: "preempted"}
 
 
 class PipelineError(Exception):
@@ -23,9 +26,11 @@ class PipelineError(Exception):
 
 
 class ConfigError(PipelineError, ValueError):
-    """Bad configuration or input: the run stops with exit code 2, before any heavy work where it can be known."""
+    """Bad configuration or input: the run stops with exit code 2, before any heavy work where it can be known.
+    `every_rank`: every rank raises it alike, having agreed on it (pipeline/run.py prints it once per machine)."""
 
     code = BAD_INPUT
+    every_rank = False
 
 
 class TrainingFailed(PipelineError):
@@ -35,6 +40,12 @@ class TrainingFailed(PipelineError):
 
 
 class Preempted(PipelineError):
-    """A stage saved its checkpoint and stopped after a preemption signal (or its memory alert): exit code 75."""
+    """A stage saved its checkpoint and stopped after a preemption signal: exit code 75."""
 
     code = PREEMPTED
+
+
+class MemoryAlert(PipelineError):
+    """Device memory passed its limit during a training step; a checkpoint was saved: exit code 5."""
+
+    code = MEMORY_ALERT

@@ -7,8 +7,8 @@
 simple launcher raises `CalledProcessError`, torch elastic raises `ChildFailedError`). This command
 parses the same options with accelerate's `launch_command_parser`, runs `launch_command` on
 `pipeline/run.py`, and answers with the code the pipeline itself exited with: 0, 2 bad input, 3 a
-gate stop, 75 preempted, 1 a crash (a process killed by signal N: 128 + N), from the first process
-that failed. Launch options come first; the first `key=value` argument (or whatever follows `--`)
+gate stop, 4 training failed, 5 memory alert, 75 preempted, 1 a crash (a process killed by signal N: 128 + N),
+from the first process that failed. Launch options come first; the first `key=value` argument (or whatever follows `--`)
 starts the recipe arguments. `--help` prints the pipeline's usage and the common launch options, `help=true
 [recipe=NAME ...]` the recipe's keys, both without launching; a config that does not load (exit 2) stops here
 too, before the launcher's own messages.

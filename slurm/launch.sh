@@ -6,7 +6,7 @@
 # Preemption: Slurm's warning signal to the batch shell (`--signal=B:USR1@120`, or
 # `scancel --batch --signal=USR1 JOB`) or a TERM is forwarded as USR1 to every process of the job step
 # (the pipeline saves a checkpoint and exits 75); on exit 75 the job requeues itself and the requeued job
-# resumes.
+# resumes. Every other code ends the job, a memory alert (5) included.
 set -uo pipefail
 nodes=${SLURM_NNODES:-1}
 MAIN_PROCESS_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)
@@ -37,5 +37,8 @@ done
 if [ "$rc" -eq 75 ]; then
   echo "slurm: preempted (exit 75${preempted:+ after $preempted}); requeueing job $SLURM_JOB_ID to resume"
   scontrol requeue "$SLURM_JOB_ID"
+elif [ "$rc" -eq 5 ]; then
+  echo "slurm: memory alert (exit 5): not requeued, the same settings would stop at the same step; lower what a" \
+    "step needs (see the log), then submit the same command with those settings to resume"
 fi
 exit "$rc"

@@ -109,18 +109,65 @@ def test_an_interrupted_stage_resumes_and_the_stages_after_it_retrain(done):
     assert _actions(done) == ["reuse", "resume", "train"]
 
 
-def test_an_interrupted_stage_with_another_fingerprint_trains_afresh(tmp_path):
+def test_an_interrupted_stage_with_another_fingerprint_is_refused_naming_the_change(tmp_path):
+    """Its checkpoints are kept: only redo= retrains it (tests/test_reliability.py: the real run)."""
     root = tmp_path / "smol"
-    sft = _decide(root)[0]
-    _record(sft, status="running", model=False, fingerprint="0" * 16)
-    assert _actions(root)[0] == "train"
+    _record(_decide(root)[0], status="running", model=False)
+    with pytest.raises(ConfigError) as err:
+        _decide(root, "sft.learning_rate=3e-5")
+    assert "stage 01-sft was interrupted (its checkpoints are kept) with a different config" in str(err.value)
+    assert "sft.learning_rate: 2e-05 -> 3e-05" in str(err.value) and "redo=[sft]" in str(err.value)
+    assert _actions(root, "sft.learning_rate=3e-5", "redo=[sft]")[0] == "train"
+
+
+RESUMABLE = ["sft.logging_steps=7", "sft.save_steps=15", "sft.nonfinite_limit=3", "sft.activation_checkpointing=false",
+             "sft.trainer.logging_first_step=false", "sft.trainer.dataloader_num_workers=2"]
+
+
+def test_settings_a_resume_may_change_leave_every_fingerprint_as_it_was(tmp_path):
+    root = tmp_path / "smol"
+    before = _decide(root)
+    batch = load_config(["recipe=smol"]).sft
+    traded = [f"sft.per_device_train_batch_size={batch.per_device_train_batch_size * 2}",
+              f"sft.gradient_accumulation_steps={batch.gradient_accumulation_steps // 2}"]
+    assert batch.gradient_accumulation_steps % 2 == 0
+    after = _decide(root, *RESUMABLE, *traded)
+    assert [d.fingerprint for d in after] == [d.fingerprint for d in before]
+    doubled = _decide(root, f"sft.per_device_train_batch_size={batch.per_device_train_batch_size * 2}")
+    assert doubled[0].fingerprint != before[0].fingerprint  # more samples per step: another training
+
+
+def test_an_interrupted_stage_resumes_after_a_change_of_settings_a_resume_may_change(done):
+    _record(_decide(done)[0], status="running", model=False)
+    assert _actions(done, *RESUMABLE) == ["resume", "train", "train"]
+
+
+def test_the_help_marks_the_settings_a_resume_may_change():
+    from pipeline.config import describe
+
+    lines = {line.split("=")[0].strip(): line for line in describe(load_config(["recipe=smol"])).splitlines()}
+    assert "[a resume may change it]" in lines["sft.save_steps"]
+    assert "[a resume may change it]" not in lines["sft.learning_rate"]
+
+
+def test_a_redo_is_carried_out_once(done):
+    """A requeue repeats the command line: the stage the redo retrained resumes (or is reused), not redone."""
+    sft = _decide(done)[0]
+    _record(sft, status="running", model=False, redone=True)
+    assert _actions(done, "redo=[sft]") == ["resume", "train", "train"]
+    _record(sft, redone=True)
+    assert _actions(done, "redo=[sft]") == ["reuse", "reuse", "reuse"]
+    _record(sft)  # a run without the redo forgot it: the same redo= again retrains
+    assert _actions(done, "redo=[sft]") == ["train", "train", "train"]
+    _record(sft, redone=True)  # redone with other settings than asked now: retrained again
+    assert _actions(done, "redo=[sft]", "sft.learning_rate=3e-5") == ["train", "train", "train"]
 
 
 def test_a_stage_after_a_retrained_one_trains_afresh_even_if_interrupted(done):
     """Its checkpoints were trained from the model being replaced: resuming them would mix the two."""
     _record(_decide(done)[1], status="running", model=False)
     assert _actions(done, "redo=[sft]") == ["train", "train", "train"]
-    assert _actions(done, "redo=[midtrain]") == ["reuse", "resume", "train"]  # its own checkpoints: resumed
+    assert _actions(done, "redo=[midtrain]") == ["reuse", "train", "train"]  # asked for: from scratch
 
 
 def test_a_trained_but_unscored_stage_is_scored_without_retraining_what_follows(done):

@@ -40,12 +40,22 @@ def launch_two_ranks(args: list[str], extra_env: dict, logs: Path) -> list[tuple
 
 
 @pytest.mark.slow
-def test_memory_alert_on_one_rank_stops_every_rank_with_75(tmp_path, cache_dir, tiny_base):
-    """Rank 1 alone goes over its (lowered) memory limit: both ranks save the same checkpoint and exit 75."""
-    ranks = launch_two_ranks(["recipe=tiny", f"output_root={tmp_path}/out", f"cache_dir={cache_dir}", *STOP_RUN],
-                             {"PIPELINE_TEST_MEMORY_LIMIT": "1:0.0"}, tmp_path)
-    assert [code for code, _ in ranks] == [75, 75], [log[-2000:] for _, log in ranks]
+def test_memory_alert_on_one_rank_stops_every_rank_with_its_own_code_and_the_advised_rerun_resumes(
+        tmp_path, cache_dir, tiny_base):
+    """Rank 1 alone goes over its (lowered) memory limit: both ranks save the same checkpoint and exit 5 (not 75,
+    which the Slurm scripts requeue); the rerun with the advised settings resumes from that checkpoint."""
+    args = ["recipe=tiny", f"output_root={tmp_path}/out", f"cache_dir={cache_dir}", *STOP_RUN]
+    ranks = launch_two_ranks(args, {"PIPELINE_TEST_MEMORY_LIMIT": "1:0.0"}, tmp_path)
+    assert [code for code, _ in ranks] == [5, 5], [log[-2000:] for _, log in ranks]
     assert all("saving a checkpoint and stopping on every rank" in log for _, log in ranks)
+    assert "memory alert: " in ranks[0][1] and "gradient_accumulation_steps" in ranks[0][1]
+    outcome = json.loads((tmp_path / "out/tiny/outcome.json").read_text())
+    assert (outcome["exit_code"], outcome["outcome"]) == (5, "memory_alert")
+    batch = next(int(a.split("=")[1]) for a in args[::-1] if a.startswith("sft.per_device_train_batch_size="))
+    traded = [f"sft.per_device_train_batch_size={batch // 2}", "sft.gradient_accumulation_steps=2"]
+    ranks = launch_two_ranks([*args, *traded], {}, tmp_path)
+    assert [code for code, _ in ranks] == [0, 0], [log[-2000:] for _, log in ranks]
+    assert "resuming 01-sft from" in ranks[0][1] and "checkpoint-1" in ranks[0][1]
     work = tmp_path / "out/tiny/stages/01-sft/work"
     assert [p.name for p in work.glob("checkpoint-*")] == ["checkpoint-1"]  # stopped at the first step, together
     record = tmp_path / "out/tiny/stages/01-sft/stage.json"

@@ -1,9 +1,13 @@
 """Resume by fingerprint: what to do with each stage of a run folder (reuse, evaluate, resume or train).
 
-A stage is reused when its `stage.json` says done with the same fingerprint (its config, its data, and
-everything upstream). A finished stage whose fingerprint changed is an error unless the user asks to
-redo it; redoing a stage redoes every stage after it, from scratch (an interrupted one's checkpoints came from
-the model being replaced). Every rank decides the same way.
+A stage's fingerprint hashes what it trains (`config.training_view`: its settings without those a resume may
+change, such as logging and saving cadence), its data, its seed and everything upstream. A finished stage with
+the same fingerprint is reused, an interrupted one resumed from its last checkpoint. A finished or interrupted
+stage whose fingerprint changed is refused, naming the changed settings, unless the user asks to redo it;
+nothing finished is discarded without that. Redoing a stage redoes every stage after it, from scratch (an
+interrupted one's checkpoints came from the model being replaced). A redo is carried out once: the stage's
+record remembers it (`redone`), so a requeue of the same command resumes the redone stage instead of starting
+it again; a run without the redo forgets it. Every rank decides the same way.
 """
 
 from __future__ import annotations
@@ -14,11 +18,15 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain.basemodel import base_settings
-from pipeline.config import ConfigError, EvalConfig, ModelConfig, fingerprint_view, stage_section
+from pipeline.config import ConfigError, EvalConfig, ModelConfig, fingerprint_view, stage_section, training_view
 from pipeline.data import mixtures as data
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import fingerprint
-from pipeline.runfolder import StageRecord, finished, stage_dir
+from pipeline.runfolder import FINISHED, StageRecord, finished, stage_dir
+
+# settings that differ between a sweep's candidates, or choose among them: the data a stage prepares for every
+# candidate (pairs, reference log-probs) does not depend on them
+PER_CANDIDATE = ("sweep", "soup", "merge", "beta", "learning_rate")
 
 
 @dataclass
@@ -33,6 +41,9 @@ class StageDecision:
     eval_fingerprint: str | None  # training fingerprint + eval settings; None: not evaluated
     action: str  # reuse | evaluate | train | resume
     data: list[dict]
+    inputs: str = ""  # what the stage starts from (kind, data, seed, upstream): sweep candidates key on it
+    redo: bool = False  # this run retrains the stage because the user asked (redo=), once
+    prepared: str = ""  # the key of the data the stage prepares in its folder (pairs, samples, reference log-probs)
 
 
 def base_fingerprint(cfg: DictConfig) -> str:
@@ -57,26 +68,32 @@ def _changes(old: dict, new: dict, prefix: str) -> list[str]:
     return out
 
 
-def _refuse_changed(decision: StageDecision, record: StageRecord, config: dict) -> ConfigError:
+def _refuse_changed(decision: StageDecision, record: StageRecord, config: dict, schema: type) -> ConfigError:
     name = decision.name
-    changed = _changes(record.config or {}, config, f"{name}.")
+    changed = _changes(training_view(record.config or {}, schema), training_view(config, schema), f"{name}.")
     if record.data != decision.data:
         changed.append("its data")
     if record.upstream != decision.upstream:
         changed.append("its input model")
-    return ConfigError(f"stage {decision.dir.name} already finished with a different config ({'; '.join(changed)}); "
-                       f"to retrain it and every stage after it add redo=[{name}], or use a new run_name")
+    what = "; ".join(changed) or "its fingerprint was recorded by another version of the pipeline"
+    state = "already finished" if record.status in FINISHED else "was interrupted (its checkpoints are kept)"
+    return ConfigError(f"stage {decision.dir.name} {state} with a different config ({what}); settings a resume may "
+                       f"change are marked in help=true; to retrain it and every stage after it add redo=[{name}], or "
+                       "use a new run_name")
 
 
-def _action(decision: StageDecision, record: StageRecord, redo: bool, forced: bool, config: dict) -> str:
-    """`redo`: the user asks to retrain this stage; `forced`: an earlier stage trains in this run."""
-    if finished(record, decision.dir) and not (redo or forced):
+def _action(decision: StageDecision, record: StageRecord, forced: bool, config: dict, schema: type) -> str:
+    """`decision.redo`: the user asks to retrain this stage; `forced`: an earlier stage trains in this run."""
+    if decision.redo or forced:
+        return "train"
+    if finished(record, decision.dir) or record.status == "running":
         if record.fingerprint != decision.fingerprint:
-            raise _refuse_changed(decision, record, config)
+            raise _refuse_changed(decision, record, config, schema)
+        if record.status == "running":
+            return "resume"
         done = record.status == "done" and record.eval_fingerprint == decision.eval_fingerprint
         return "reuse" if done else "evaluate"
-    resumable = not forced and record.status == "running" and record.fingerprint == decision.fingerprint
-    return "resume" if resumable else "train"
+    return "train"
 
 
 def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
@@ -84,11 +101,18 @@ def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
     upstream, forced, out = base_fingerprint(cfg), False, []
     for i, name in enumerate([n for n in cfg.stages if cfg[n].enabled], 1):
         sources = [fp for mix in data.stage_mixtures(cfg, name) for fp in data.fingerprints(mix, cfg)]
-        config = stage_section(cfg, name)
-        fp = fingerprint({"kind": name, "config": config, "data": sources, "upstream": upstream, "seed": cfg.seed})
+        config, schema = stage_section(cfg, name), OmegaConf.get_type(cfg[name])
+        inputs = fingerprint({"kind": name, "data": sources, "upstream": upstream, "seed": cfg.seed})
+        trains = training_view(config, schema)
+        fp = fingerprint({"inputs": inputs, "config": trains})
+        shared = {k: v for k, v in trains.items() if k not in PER_CANDIDATE}
+        prepared = fingerprint({"inputs": inputs, "config": shared})
+        record = StageRecord.read(stage_dir(root, i, name))
+        redo = name in cfg.redo and not (record.redone and record.fingerprint == fp)  # a redo is carried out once
         decision = StageDecision(i, name, stage_dir(root, i, name), fp, upstream,
-                                 eval_fingerprint(fp, evaluate.settings(cfg, name)), "", sources)
-        decision.action = _action(decision, StageRecord.read(decision.dir), name in cfg.redo, forced, config)
+                                 eval_fingerprint(fp, evaluate.settings(cfg, name)), "", sources, inputs, redo,
+                                 prepared)
+        decision.action = _action(decision, record, forced, config, schema)
         forced = forced or decision.action in ("train", "resume")
         out.append(decision)
         upstream = fp

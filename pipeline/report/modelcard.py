@@ -59,7 +59,8 @@ def _chain(records: list[tuple[str, StageRecord]]) -> list[str]:
         m, gate = r.metrics or {}, r.gate
         loss = f"{_num(m.get('loss_first'))} -> {_num(m.get('loss_last'))}" if m.get("loss_first") else ""
         verdict = f"{gate['verdict']}: {gate['reason']}" if gate else ""
-        lines.append(f"| {name} | {_data(r)} | {_hyper(r.config or {})} | {_num(m.get('steps'))} | {loss} | "
+        hyper = _hyper(m.get("trained_with") or r.config or {})  # a sweep: its selected model's settings
+        lines.append(f"| {name} | {_data(r)} | {hyper} | {_num(m.get('steps'))} | {loss} | "
                      f"{_gain(gate)} | {verdict.replace('|', '/')} |")
     return lines
 

@@ -9,9 +9,11 @@ optimizer. MFU uses model FLOPs per token (6 x parameters, counted in full under
 term 12 x layers x hidden x sequence length) against the device's peak for the training precision; on a
 device not in the table (every CPU) it is None, never invented.
 
-The memory alert compares peak allocated memory with the device's total (on CPU: peak RSS against
-physical memory) after every step; the ranks all-reduce the verdict, so every rank saves and stops at the
-same step. `PIPELINE_TEST_MEMORY_LIMIT=RANK:LIMIT` (tests only) lowers the limit on one rank.
+The memory alert compares the memory the steps need with the device's total after every step: on a GPU the
+peak allocated since the training began, on CPU the process's resident memory now against physical memory
+(not its lifetime peak, which an earlier stage or evaluation may have set). The ranks all-reduce
+the verdict, so every rank saves the same checkpoint and stops at the same step, with its own exit code
+(`errors.MemoryAlert`). `PIPELINE_TEST_MEMORY_LIMIT=RANK:LIMIT` (tests only) lowers the limit on one rank.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import resource
 import time
 from typing import Any
 
+import psutil
 import torch
 from accelerate import PartialState
 from transformers import TrainerCallback
@@ -54,6 +57,14 @@ class CountingCollator:
             self.real += int(mask.sum())
         self.samples += len(examples)
         return batch
+
+
+def memory_in_use() -> float:
+    """The memory training steps need, as a fraction of the device's: the peak allocated since the training began
+    (GPU) or the process's resident memory now (CPU)."""
+    if torch.cuda.is_available():
+        return memory_used()
+    return psutil.Process().memory_info().rss / psutil.virtual_memory().total
 
 
 def memory_used() -> float:
@@ -135,10 +146,10 @@ class Telemetry(TrainerCallback):
         self.times["optimizer"] += now - split
         self._mark = now
         self.steps += 1
-        used, limit = memory_used(), memory_limit()
+        used, limit = memory_in_use(), memory_limit()
         if any_rank(used > limit):
-            log.error("device memory over %.0f%% on a rank (here %.0f%%): saving a checkpoint and stopping on every "
-                      "rank; lower the batch size or max_length, then rerun to resume", 100 * limit, 100 * used)
+            log.error("device memory over %.0f%% on a rank (here %.0f%%) at step %d: saving a checkpoint and stopping "
+                      "on every rank", 100 * limit, 100 * used, state.global_step)
             self.memory_stop = True
             control.should_save = True
             control.should_training_stop = True
