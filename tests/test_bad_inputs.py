@@ -43,6 +43,24 @@ def _hub_mirror(tmp: Path) -> Path:
     return tmp / "hub"
 
 
+def _hub_chats(tmp: Path) -> tuple[Path, str]:
+    """A local copy of a Hub dataset `acme/chats` (chat rows, no preference pairs) and a mixture reading it."""
+    (tmp / "chats_hub/acme/chats").mkdir(parents=True)
+    _jsonl(tmp / "chats_hub/acme/chats/train.jsonl", [CHAT])
+    mix = tmp / "hub_chats.yaml"
+    mix.write_text(json.dumps({"sources": [{"hub": "acme/chats", "split": "train"}]}))
+    return tmp / "chats_hub", str(mix)
+
+
+def _file(path: Path, content: str | bytes) -> str:
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(path)
+
+
+# a template that renders only conversations opening with a system turn (the tiny recipe's rows have none)
+NEEDS_SYSTEM = ("{%- if messages[0]['role'] != 'system' -%}{{ raise_exception('the first message must be a system "
+                "message') }}{%- endif -%}{%- for m in messages -%}{{ m['role'] + ': ' + m['content'] + '\\n' }}"
+                "{%- endfor -%}{%- if add_generation_prompt -%}{{ 'assistant: ' }}{%- endif -%}")
 CHAT = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
 EMPTY_ANSWER = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}]}
 SAME_ONCE_NORMALISED = {"prompt": "p", "chosen": "x",
@@ -65,7 +83,13 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
     (bad_config / "config.json").write_text('{"model_type": "llama", ')
     blocker = tmp / "a_file"
     blocker.write_text("x")
-    return {
+    latin1 = tmp / "latin1"
+    latin1.mkdir()
+    latin1_rows = _file(latin1 / "rows.jsonl", json.dumps(CHAT).encode() + b'\n{"messages": [{"role": "user", '
+                        b'"content": "caf\xe9"}, {"role": "assistant", "content": "a"}]}\n')
+    hub_chats, hub_chats_mix = _hub_chats(tmp)
+    broken_yaml = _file(tmp / "broken.yaml", "sources:\n  - path: a.jsonl\n    columns: {user: q\n")
+    table = {
         "unknown key": (["sft.learnin_rate=1"], "did you mean 'sft.learning_rate'"),
         "wrong type": (["sft.max_steps=many"], "bad value for 'sft.max_steps'"),
         "unknown recipe": (["recipe=nope"], "unknown recipe 'nope'; available:"),
@@ -106,11 +130,40 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
         "ppo rollout batch that minibatches do not divide": (
             ["stages=[ppo]", "ppo.rollout_batch_size=6", "ppo.num_minibatches=4"],
             "ppo.rollout_batch_size=6 must be divisible by ppo.num_minibatches x ppo.gradient_accumulation_steps"),
+        "unbalanced brackets in a command-line value": (["stages=[sft,dpo"],
+                                                         "argument 'stages=[sft,dpo' in command line: its value does "
+                                                         "not parse (did not find expected ',' or ']')"),
+        "mixture YAML with a syntax error": ([f"sft.mixture={broken_yaml}"],
+                                             "broken.yaml: did not find expected ',' or '}' at line 4"),
+        "JSONL that is not UTF-8": (
+            [f"sft.mixture={_file(tmp / 'latin1.yaml', json.dumps({'sources': [{'path': latin1_rows}]}))}"],
+            "rows.jsonl:2: not UTF-8 text (byte 0xe9"),
+        "Hub model id not in the cache, offline": (["model.name_or_path=NotAnOrg/not-a-model"],
+                                                   "NotAnOrg/not-a-model is not a local folder and not in the local "
+                                                   "Hugging Face cache, and HF_HUB_OFFLINE is set"),
+        "malformed Hub model id": (["model.name_or_path=not a model!"], "is neither a local folder nor a valid Hub id"),
+        "LoRA target modules the model does not have": (["sft.lora.r=4", "sft.lora.target_modules=q_proj"],
+                                                        "'sft.lora.target_modules' is 'q_proj': peft refuses it"),
+        "chat template that cannot render a row": (
+            [f"model.chat_template={_file(tmp / 'needs_system.jinja', NEEDS_SYSTEM)}"],
+            "sft.jsonl:1: the first message must be a system message"),
+        "Hub source neither mirrored nor cached, offline": (
+            [f"sft.mixture={_file(tmp / 'hub_only.yaml', json.dumps({'sources': [{'hub': 'acme/absent'}]}))}"],
+            "hub dataset acme/absent[train] is not in the local datasets cache"),
+        "rows a stage cannot use (Hub copy)": ([*DPO, f"hub_mirror={hub_chats}", f"dpo.mixture={hub_chats_mix}"],
+                                               "stage 'dpo' needs rows with `chosen`, `rejected`; acme/chats[train] "
+                                               "row 1"),
         "several problems, all reported at once": (
             ["stages=[sft,ppo]", "ppo.rollout_batch_size=6", "ppo.num_minibatches=4",
              "sft.gate.metric=tiny_gsm/acc,none", f"sft.mixture={_mixture(tmp, None)}"],
             "3 problems: (1) ppo.rollout_batch_size=6"),
     }
+    from transformers.utils import is_flash_attn_2_available
+
+    if not is_flash_attn_2_available():  # CPU machines, GPU machines without flash-attn
+        table["attention implementation without its package"] = (["model.attn_implementation=flash_attention_2"],
+                                                                  "flash_attention_2 needs the flash-attn package")
+    return table
 
 
 # known only once the input model's tokenizer exists: the tiny recipe builds it with its base model

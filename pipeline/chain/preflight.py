@@ -2,24 +2,30 @@
 reported at once, in one `ConfigError` (exit code 2), before the base model is built, loaded or scored.
 
 What a config alone cannot tell is checked here against what the run will meet: the base model's path and
-config, the trainer fields each stage passes to TRL, the device for the precision and memory switches, the PPO
-batch arithmetic, vLLM where a backend asks for it (installed, serving the model), the chat template a chat stage
-needs, every data file and its rows (with the per-stage decisions: reuse, resume, train), and the metrics the
-gates read against the eval tasks. A stage's training data that only its input model can judge (rows longer than
-`max_length` in that model's tokens) is checked when the stage starts.
+config (a Hub id: well formed, cached when offline, on the Hub when online), the trainer fields each stage passes
+to TRL, the device for the precision and memory switches, the attention implementation's package, the PPO batch
+arithmetic, vLLM where a backend asks for it (installed, serving the model), the chat template a chat stage needs
+(rendered on the first rows of each of its sources), LoRA target modules against the model's module names (the
+model instantiated on the meta device), every data file and its rows (with the per-stage decisions: reuse,
+resume, train), the first rows of every source (Hub splits included) against the columns its stage uses, and the
+metrics the gates read against the eval tasks. What needs a model that is not on this machine yet (a base the
+recipe's extension builds, before it is built) is left to the stage, as are rows longer than `max_length` in the
+input model's tokens.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from pipeline.chain.basemodel import check_model_path
+from pipeline.chain.basemodel import check_model_path, local_config
 from pipeline.chain.resume import StageDecision, decide
 from pipeline.data import chat
+from pipeline.data import mixtures as data
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.generation import engines
@@ -40,13 +46,16 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
         try:
             return check(*args)
         except ConfigError as err:
-            problems.append(str(err))
+            if str(err) not in problems:  # a bad row met by two checks is one problem
+                problems.append(str(err))
             return FAILED
 
-    for one in (trl_args.check, device_settings, ppo_batches, engines.check):
+    for one in (trl_args.check, device_settings, attention, ppo_batches, engines.check):
         attempt(one, cfg)
+    rows = attempt(stage_rows, cfg)
     if attempt(check_model_path, cfg) is not FAILED:  # the chat template is read from that model's tokenizer
-        attempt(chat.check_chain, cfg)
+        attempt(chat.check_chain, cfg, {} if rows is FAILED else rows)
+        attempt(lora_targets, cfg)
     decisions = attempt(decide, cfg, root)
     attempt(gate_metrics, cfg, tasks_dir)
     if len(problems) == 1:
@@ -76,6 +85,99 @@ def device_settings(cfg: DictConfig) -> None:
     precision.mixed_precision(cfg.model.precision)
     for name in _enabled(cfg):
         precision.memory_args(cfg[name])
+
+
+def attention(cfg: DictConfig) -> None:
+    """`model.attn_implementation` is one transformers knows, and the package it runs on is installed here
+    (transformers' own availability checks: flash-attn on a CUDA GPU for flash_attention_2, ...)."""
+    from transformers import utils
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = cfg.model.attn_implementation
+    base = name.removeprefix("paged|")
+    if "/" in base:  # a kernel from the Hub (kernels-community/...)
+        if not utils.is_kernels_available():
+            raise ConfigError(f"model.attn_implementation={name} is a Hub kernel and needs the kernels package: pip "
+                              "install kernels, or use sdpa")
+        return
+    if base not in {"eager", *ALL_ATTENTION_FUNCTIONS.keys(), *(k.removeprefix("paged|") for k in
+                                                                ALL_ATTENTION_FUNCTIONS.keys())}:
+        known = sorted({"eager", *ALL_ATTENTION_FUNCTIONS.keys()})
+        raise ConfigError(f"model.attn_implementation={name} is not one transformers knows (choose one of "
+                          f"{', '.join(known)}, or a Hub kernel such as kernels-community/flash-attn2)")
+    version = re.fullmatch(r"flash_attention_(\d+)", base)
+    checks = {"flex_attention": (utils.is_torch_flex_attn_available, "a torch with flex attention (2.5 or later)")}
+    if version:
+        checks[base] = (getattr(utils, f"is_flash_attn_{version[1]}_available", lambda: False),
+                        f"the flash-attn{'' if version[1] == '2' else ' ' + version[1]} package on a supported GPU"
+                        f" (pip install flash-attn{'' if version[1] == '2' else '-' + version[1]})")
+    available, needs = checks.get(base, (lambda: True, ""))
+    if not available() and not (version and utils.is_kernels_available()):  # transformers falls back to kernels
+        raise ConfigError(f"model.attn_implementation={name} needs {needs}, which this machine lacks; use sdpa")
+
+
+def stage_rows(cfg: DictConfig) -> dict[str, list[tuple[str, dict]]]:
+    """The first rows of every source of each enabled stage's mixtures (`mixtures.head`), checked against the
+    columns the stage uses; returns them per stage (the chat template is rendered on them)."""
+    out: dict[str, list[tuple[str, dict]]] = {}
+    for name in _enabled(cfg):
+        stage = cfg[name]
+        for mixture in data.stage_mixtures(cfg, name):
+            on_policy = "on_policy" in stage and stage.on_policy.enabled and mixture == stage.on_policy.mixture
+            rows = data.head(mixture, cfg)
+            needs = _columns(name, stage, on_policy)
+            for where, row in rows:
+                if not any(set(option) <= set(row) for option in needs):
+                    wanted = " or ".join("`" + "`, `".join(option) + "`" for option in needs)
+                    raise ConfigError(f"stage '{name}' needs rows with {wanted}"
+                                      f"{' (on-policy prompts)' if on_policy else ''}; {where} (mixture {mixture}) "
+                                      f"gives {', '.join(sorted(row)) or 'nothing'}")
+            out.setdefault(name, []).extend(rows)
+    return out
+
+
+def _columns(name: str, stage: DictConfig, on_policy: bool) -> list[tuple[str, ...]]:
+    """The normalised columns a row of stage `name` must have: any one of the returned sets."""
+    if on_policy:
+        return [("prompt", "answer")]
+    if name in ("dpo", "reward"):
+        return [("chosen", "rejected")]
+    if name in ("ppo", "grpo"):
+        return [("prompt", "answer")] if stage.reward == "verifiable" else [("prompt",)]
+    return [("messages",)] if stage.format == "chat" else [("text",), ("messages",)]
+
+
+def lora_targets(cfg: DictConfig) -> None:
+    """Each LoRA stage's `lora.target_modules` matches modules of the base model, by peft's own rules (a string is
+    a regular expression matched against full module names; all-linear: every linear layer): the model is
+    instantiated on the meta device (no weights) and peft injects its adapter into it. Skipped when the model's
+    config.json is not on this machine (yet)."""
+    stages = [n for n in _enabled(cfg) if cfg[n].lora.r > 0 and cfg[n].lora.target_modules != "all-linear"]
+    folder = local_config(cfg) if stages else None
+    if folder is None:
+        return
+    import peft
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
+    for name in stages:
+        lora, classifier = cfg[name].lora, name == "reward"
+        auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+        with init_empty_weights():
+            model = auto.from_config(config, trust_remote_code=cfg.model.trust_remote_code, attn_implementation="eager",
+                                     **({"num_labels": 1} if classifier else {}))
+            try:
+                peft.inject_adapter_in_model(peft.LoraConfig(r=lora.r, target_modules=lora.target_modules), model)
+            except ValueError as err:  # peft's NoMatchingPeftModuleError is one
+                linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+                leaves, reason = sorted({n.rpartition(".")[2] for n in linear}), " ".join(str(err).split())[:200]
+                such_as = f" such as {linear[0]}" if linear else ""
+                raise ConfigError(f"'{name}.lora.target_modules' is {lora.target_modules!r}: peft refuses it on "
+                                  f"{cfg.model.name_or_path} ({reason}); it is a regular expression matched against "
+                                  f"full module names{such_as}, e.g. '.*[.](q_proj|v_proj)', or all-linear; the "
+                                  f"model's linear layers: {', '.join(leaves)}") from None
 
 
 def ppo_batches(cfg: DictConfig) -> None:

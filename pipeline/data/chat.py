@@ -78,18 +78,54 @@ def template_kwargs(kwargs: dict | None) -> dict:
     return {k: v for k, v in (kwargs or {}).items() if v is not None}
 
 
-def check_chain(cfg: Any) -> None:
+def check_chain(cfg: Any, rows: dict[str, list[tuple[str, dict]]] | None = None) -> None:
     """Refuse, before any training, a chain with a chat stage when neither the base tokenizer nor
-    `model.chat_template` gives a chat template (SFT / mid-training with format chat, DPO, PPO, GRPO, reward)."""
+    `model.chat_template` gives a chat template (SFT / mid-training with format chat, DPO, PPO, GRPO, reward), and a
+    template that cannot render the rows `rows` gives a stage (stage -> [(where, row)]: the first rows of each of its
+    sources, normalised, from the preflight). A base the recipe's extension builds is checked once it is built."""
     chat = [n for n in cfg.stages if cfg[n].enabled and cfg[n].get("format", "chat") == "chat"]
-    if not chat or cfg.model.chat_template or extension.builds_base(cfg):  # a built model brings its own
+    renders = [n for n in cfg.stages if cfg[n].enabled and any("messages" in r or "prompt" in r
+                                                                for _, r in (rows or {}).get(n, []))]
+    if not chat and not renders:
         return
+    path = cfg.model.name_or_path
+    if extension.builds_base(cfg):
+        path = extension.of(cfg).architecture(cfg)[0]
+        if not (path / "config.json").is_file():
+            return  # not built yet: it brings its own template, checked on the stage's rows when the stage starts
     from pipeline.train.models import load_tokenizer  # here, not at the top: it imports torch
 
-    source = cfg.model.tokenizer or cfg.model.name_or_path
-    if not load_tokenizer(cfg.model.name_or_path, cfg.model).chat_template:
-        raise ConfigError(f"stage(s) {', '.join(chat)} need a chat template and the tokenizer of {source} has no "
-                          "chat template: set model.chat_template=chatml (built in) or to a Jinja file")
+    tok = load_tokenizer(path, cfg.model)
+    source = cfg.model.chat_template or cfg.model.tokenizer or cfg.model.name_or_path
+    if not tok.chat_template:
+        if chat:
+            raise ConfigError(f"stage(s) {', '.join(chat)} need a chat template and the tokenizer of {source} has no "
+                              "chat template: set model.chat_template=chatml (built in) or to a Jinja file")
+        return
+    for name in renders:
+        for where, row in (rows or {})[name]:
+            _render_row(tok, cfg[name], row, f"stage '{name}': the chat template of {source} cannot render {where}")
+
+
+def _render_row(tok: Any, stage: Any, row: dict, what: str) -> None:
+    """Render a normalised row as its stage will (assistant spans for assistant-only loss, prompts with the
+    generation prompt, prompt + chosen / rejected); an error of the template is a ConfigError `what: reason`."""
+    kwargs = row.get("chat_template_kwargs")
+    try:
+        if "messages" in row and stage.get("format", "chat") == "chat" and stage.get("assistant_only_loss"):
+            assistant_spans(tok, row["messages"], kwargs, what.rpartition(" cannot render ")[2])
+        elif "messages" in row:
+            render(tok, row["messages"], kwargs)
+        if "prompt" in row:
+            render(tok, row["prompt"], kwargs, generation_prompt=True)
+            for answer in ("chosen", "rejected"):
+                if answer in row:
+                    render(tok, row["prompt"] + row[answer], kwargs)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - jinja2's errors and whatever a template raises (raise_exception)
+        reason = " ".join(str(err).split())[:300] or type(err).__name__
+        raise ConfigError(f"{what}: {reason}") from None
 
 
 def render(tok: Any, messages: list[dict], kwargs: dict, generation_prompt: bool = False) -> str:

@@ -21,6 +21,7 @@ mixtures). Every malformed row is a `ConfigError` naming the file (or Hub split)
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable
@@ -32,12 +33,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline import extension
-from pipeline.config import MIXTURES_DIR, ConfigError, explain_error
+from pipeline.config import MIXTURES_DIR, ConfigError, explain_error, yaml_problem
 from pipeline.files import sha256_file
 
 TARGETS = ("messages", "text", "prompt", "chosen", "rejected", "answer", "user", "assistant", "system",
            "chat_template_kwargs")
 ROLES = ("system", "user", "assistant", "tool")
+HEAD_ROWS = 8  # rows of each source the preflight renders and checks against its stage (`head`)
 log = logging.getLogger("pipeline")
 
 
@@ -78,6 +80,8 @@ def load_spec(name: str) -> DictConfig:
         spec = OmegaConf.merge(schema, OmegaConf.load(path))
     except OmegaConfBaseException as err:
         raise explain_error(schema, err, f"mixture {path}") from None
+    except Exception as err:  # noqa: BLE001 - YAML parser errors come in many types
+        raise ConfigError(f"cannot parse mixture {path}: {yaml_problem(err)}") from None
     if not spec.sources:
         raise ConfigError(f"mixture {path} has no sources")
     for i, src in enumerate(spec.sources):
@@ -140,24 +144,79 @@ def fingerprints(name: str, cfg: DictConfig) -> list[dict]:
     return out
 
 
-def _read_rows(path: Path) -> list[tuple[str, dict]]:
-    """Rows of a local file, each with its location (`file:line` for JSONL)."""
+def head(name: str, cfg: DictConfig, rows: int = HEAD_ROWS) -> list[tuple[str, dict]]:
+    """The first `rows` rows of each source of a mixture, normalised, each with where it is from (`file:line`,
+    `repo[split] row N`): what the preflight checks a stage's columns and chat template on. A Hub source is read
+    as a stream (from `hub_mirror` when it has a copy); offline, from the datasets cache, and a source that is not
+    there is refused (its stage could not load it either); a Hub that cannot be reached is logged and skipped."""
+    out = []
+    for src in load_spec(name).sources:
+        file = _local_file(src, cfg)
+        found = _read_rows(file, rows) if file is not None else _hub_head(src, cfg, rows)
+        columns = OmegaConf.to_container(src.columns)
+        out += [(where, normalise(row, columns, where)) for where, row in found]
+    return out
+
+
+def _hub_head(src: DictConfig, cfg: DictConfig, rows: int) -> list[tuple[str, dict]]:
+    """The first `rows` rows of a Hub split, each with its location (see `head`)."""
+    import datasets
+    import huggingface_hub
+
+    args = hub_source(src.hub, src.name, [src.split], cfg)
+    label = f"{src.hub}[{'/'.join(filter(None, (src.name, src.split)))}]"
+    hub = args["path"] == src.hub  # not a local copy
+    offline = hub and (huggingface_hub.is_offline_mode() or datasets.config.HF_HUB_OFFLINE)
+    revision = {"revision": src.revision} if hub else {}
+    try:
+        if offline:  # what the stage would load: the datasets cache
+            found = datasets.load_dataset(**args, split=src.split, **revision)
+            found = found.select(range(min(rows, len(found))))
+        else:
+            found = itertools.islice(datasets.load_dataset(**args, split=src.split, streaming=True, **revision), rows)
+        found = list(found)
+    except ConnectionError as err:
+        if offline:
+            raise ConfigError(f"hub dataset {label} is not in the local datasets cache and HF_HUB_OFFLINE / "
+                              "HF_DATASETS_OFFLINE is set: set hub_mirror to a local copy, or go online") from None
+        log.warning("could not reach the Hub to check the rows of %s (%s); they are checked when its stage loads "
+                    "them", label, str(err).splitlines()[0] if str(err) else type(err).__name__)
+        return []
+    except (ValueError, FileNotFoundError) as err:  # no such dataset, config or split
+        raise ConfigError(f"hub dataset {label} ({args['path']}): {str(err).splitlines()[0]}") from None
+    return [(f"{label} row {i + 1}", row) for i, row in enumerate(found)]
+
+
+def _read_rows(path: Path, limit: int | None = None) -> list[tuple[str, dict]]:
+    """Rows of a local file (the first `limit` ones, when given), each with its location (`file:line` for
+    JSONL)."""
     if path.suffix == ".parquet":
         import datasets
 
         ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
+        ds = ds.select(range(min(limit, len(ds)))) if limit is not None else ds
         return [(f"{path} row {i + 1}", row) for i, row in enumerate(ds)]
     if path.suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+                              "save it as UTF-8") from None
         except ValueError as err:
             raise ConfigError(f"{path}: not valid JSON ({err})") from None
         if not isinstance(data, list):
             raise ConfigError(f"{path}: expected a JSON list of rows")
-        return [(f"{path} row {i + 1}", row) for i, row in enumerate(data)]
+        return [(f"{path} row {i + 1}", row) for i, row in enumerate(data[:limit])]
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if limit is not None and len(rows) >= limit:
+                break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"{path}:{lineno}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
+                                  f"{err.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
