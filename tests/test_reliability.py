@@ -16,6 +16,8 @@ import pytest
 from conftest import FAST, ROOT, run_cli
 from safetensors.torch import load_file
 
+from pipeline.files import RunLock
+
 pytestmark = pytest.mark.slow
 STEPS = ["stages=[sft]", "sft.max_steps=30", "sft.save_steps=10", "sft.logging_steps=1"]
 
@@ -54,7 +56,7 @@ def reference(tmp_path_factory, cache_dir):
 def test_sigkill_mid_stage_resumes_from_the_last_checkpoint_with_the_same_losses(reference, tmp_path, cache_dir):
     args = _args(tmp_path, cache_dir)
     proc = _start(args)
-    _wait_for(tmp_path / "tiny/stages/01-sft/work/checkpoint-20/trainer_state.json", proc)
+    _wait_for(tmp_path / "tiny/stages/01-sft/work/checkpoint-20/.complete", proc)  # its marker: written last
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert (tmp_path / "tiny/.lock").exists()  # left behind by the killed run: stale, taken over below
@@ -81,7 +83,12 @@ def test_sigterm_saves_and_exits_75_then_resumes(tmp_path, cache_dir):
     assert record["status"] == "running"
     saved = sorted((tmp_path / "tiny/stages/01-sft/work").glob("checkpoint-*"))
     assert saved and not (tmp_path / "tiny/.lock").exists()
-    again = run_cli(*args)
+    changed = run_cli(*args, "sft.learning_rate=1e-4")  # what it trains: refused, its checkpoints kept
+    assert changed.returncode == 2, changed.stderr[-3000:]
+    assert "stage 01-sft was interrupted (its checkpoints are kept)" in changed.stderr
+    assert "sft.learning_rate" in changed.stderr and "redo=[sft]" in changed.stderr
+    assert sorted((tmp_path / "tiny/stages/01-sft/work").glob("checkpoint-*")) == saved
+    again = run_cli(*args, "sft.logging_steps=7", "sft.save_steps=15")  # "save more often": resumes
     assert again.returncode == 0, again.stderr[-3000:]
     done = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())
     assert done["status"] == "done" and done["metrics"]["resumed_from"] == str(saved[-1])
@@ -91,13 +98,13 @@ def test_a_checkpoint_cut_short_is_dropped_and_the_one_before_is_used(tmp_path, 
     args = _args(tmp_path, cache_dir)
     proc = _start(args)
     work = tmp_path / "tiny/stages/01-sft/work"
-    _wait_for(work / "checkpoint-20/trainer_state.json", proc)
+    _wait_for(work / "checkpoint-20/.complete", proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    (work / "checkpoint-20/trainer_state.json").write_text('{"log_history": [')  # as if killed while saving
+    (work / "checkpoint-20/trainer_state.json").write_text('{"log_history": [')  # corrupt after it was marked
     again = run_cli(*args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "dropping incomplete checkpoint" in again.stderr
+    assert "dropping incomplete checkpoint" in again.stderr and "trainer_state.json has 17 bytes" in again.stderr
     record = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())
     assert record["metrics"]["resumed_from"].endswith("checkpoint-10")
 
@@ -116,17 +123,26 @@ def test_a_kill_during_eval_rescores_without_retraining(tmp_path, cache_dir):
     assert json.loads((stage / "stage.json").read_text())["eval"]["metrics"]
 
 
-def test_lock_refuses_a_live_owner_and_takes_over_a_dead_one(reference, tmp_path, cache_dir):
+def test_lock_refuses_a_live_owner_touching_nothing_and_takes_over_an_expired_lease(reference, tmp_path, cache_dir):
     run = tmp_path / "tiny"
-    shutil.copytree(reference, run)
+    shutil.copytree(reference, run)  # a finished run in another folder: its records name paths relative to it
     args = _args(tmp_path, cache_dir)
-    (run / ".lock").write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "since": "now"}))
-    busy = run_cli(*args)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    holder = RunLock(run)  # a live run: this test's process, renewing its lease
+    holder.acquire()
+    try:
+        busy = run_cli(*args)
+    finally:
+        holder.release()
     assert busy.returncode == 2 and f"in use by pid {os.getpid()}" in busy.stderr
-    (run / ".lock").write_text(json.dumps({"pid": 2**22 + 7, "host": os.uname().nodename, "since": "then"}))
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # outcome.json, pipeline.log too
+    (run / ".lock").write_text(json.dumps({"pid": 4242, "host": "node-b", "owner": "f00d", "since": "then",
+                                           "heartbeat": time.time() - 500, "lease_s": 120}))  # a dead job elsewhere
     taken = run_cli(*args)
     assert taken.returncode == 0, taken.stderr[-2000:]
-    assert "reusing finished stage" in taken.stderr and not (run / ".lock").exists()
+    assert "reusing finished stage" in taken.stderr and "training from" not in taken.stderr
+    assert not (run / ".lock").exists() and json.loads((run / "outcome.json").read_text())["outcome"] == "passed"
+    assert json.loads((run / "stages/01-sft/stage.json").read_text())["output_model"] == "stages/01-sft/model"
 
 
 def test_full_disk_during_save_keeps_the_previous_checkpoint(reference, tmp_path, cache_dir):
@@ -241,9 +257,12 @@ def test_sigkill_during_a_sweep_candidate_keeps_the_finished_ones(tmp_path, cach
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     first = (cands / "beta0.1-lr1e-05/stage.json").stat().st_mtime_ns
-    again = run_cli(*args)
+    grown = [*args, "dpo.sweep.learning_rate=[1e-5,2e-5,4e-5]"]  # a grid that grows changes the stage
+    refused = run_cli(*grown)
+    assert refused.returncode == 2 and "dpo.sweep.learning_rate" in refused.stderr, refused.stderr[-3000:]
+    again = run_cli(*grown, "redo=[dpo]")  # retrained: its finished candidate is still reused
     assert again.returncode == 0, again.stderr[-3000:]
     assert "candidate beta0.1-lr1e-05: reusing" in again.stderr
-    assert "candidate beta0.1-lr2e-05: training" in again.stderr
+    assert "candidate beta0.1-lr2e-05: training" in again.stderr and "candidate beta0.1-lr4e-05: training" in again.stderr
     assert (cands / "beta0.1-lr1e-05/stage.json").stat().st_mtime_ns == first
     assert json.loads((tmp_path / "tiny/stages/02-dpo/stage.json").read_text())["status"] == "done"
