@@ -281,11 +281,14 @@ class RunLock:
 
     def _refusal(self, held: dict) -> str:
         beat = held.get("heartbeat")
-        renewed = f", lease renewed {time.time() - beat:.0f} s ago" if isinstance(beat, (int, float)) else ""
+        if isinstance(beat, (int, float)):
+            lease = held.get("lease_s") if isinstance(held.get("lease_s"), (int, float)) else self.lease_s
+            renewed = (f", lease renewed {time.time() - beat:.0f} s ago; wait for it to finish (a lock whose "
+                       f"holder stopped renewing it is taken over {lease:.0f} s after its last renewal)")
+        else:
+            renewed = "; wait for it to finish (its lock has no lease: an older version wrote it)"
         return (f"run folder {self.path.parent} is in use by pid {held.get('pid')} on {held.get('host')} since "
-                f"{held.get('since')}{renewed}; wait for it to finish (a lock whose holder stopped renewing it is "
-                f"taken over {self.lease_s:.0f} s after its last renewal), or delete {self.path} if that process "
-                "is gone")
+                f"{held.get('since')}{renewed}, or delete {self.path} if that process is gone")
 
     def renew(self) -> bool:
         """Write a fresh heartbeat into the lock if this process still holds it; False once it does not."""
