@@ -8,6 +8,10 @@ SLURM_NODEID=0 / 1, with the main address 127.0.0.1 (what launch.sh takes from t
 
 And on an empty cache, three times: both machines reach every cache folder (data, tokenizer, base model,
 tokenised rows) before it exists, and both must come through.
+
+And two machines that do not share their folders (each launcher in its own working directory, with a relative
+`output_root` and `cache_dir`: a node-local /scratch): both stop at start, exit 2, and say why
+(pipeline/chain/ranks.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +126,28 @@ def test_the_slurm_node_commands_run_the_chain_on_two_machines(one_process, tmp_
                f"--mixed_precision no --dynamo_backend no --multi_gpu -- recipe=tiny "
         assert said in proc.stderr
     _assert_matches(tmp_path / "tiny", one_process)
+
+
+def test_machines_that_do_not_share_their_folders_both_stop_with_a_message(tmp_path):
+    port, nodes = _free_port(), [tmp_path / "node-a", tmp_path / "node-b"]
+    args = ["recipe=tiny", "output_root=runs", "cache_dir=cache", *EMPTY_CACHE, "collective_timeout_s=60"]
+    smol = str(Path(sys.executable).with_name("smol-pipeline"))
+    started, procs = time.monotonic(), []
+    for rank, node in enumerate(nodes):
+        node.mkdir()
+        launch = [smol, "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2",
+                  "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--multi_gpu",
+                  "--mixed_precision", "no", "--dynamo_backend", "no", "--", *args]
+        procs.append(subprocess.Popen(launch, cwd=node, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    errs = [proc.communicate(timeout=120)[1] for proc in procs]
+    assert time.monotonic() - started < 120
+    host = socket.gethostname()
+    said = (f"error: rank 1 on {host} does not see the run folder {nodes[0]}/runs/tiny (looking in "
+            f"{nodes[1]}/runs/tiny) or the cache folder {nodes[0]}/cache (looking in {nodes[1]}/cache) that rank 0 "
+            f"on {host} writes: output_root and cache_dir must be on a filesystem every node shares\n")
+    for proc, err, who in zip(procs, errs, ("", f"rank 1 on {host}: "), strict=True):
+        assert proc.returncode == 2, err[-4000:]
+        assert f"{who}{said}" in err, err[-4000:]
+        assert "Traceback" not in err
+    assert json.loads((nodes[0] / "runs/tiny/outcome.json").read_text())["outcome"] == "bad_input"
+    assert not [p for node in nodes for p in node.rglob(".rank-check-*")]  # the tokens are gone

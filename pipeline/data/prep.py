@@ -7,7 +7,9 @@ only its training collectives run on them. Preparing a mixture can
 take longer still, so it never runs under a collective: the main process of the world prepares (the cache
 folder lives under `cache_dir`, which like the run folder must be on a filesystem every node shares, so
 once per world is once per node too), and the other ranks poll for the finished folder, which appears
-whole (written to a temporary name and renamed). Only then do all ranks meet at a barrier.
+whole (written to a temporary name and renamed). Only then do all ranks meet at a barrier. The poll is bounded
+too, by `prep_timeout_s` (default 24 h; `set_wait_limit`): past it the waiting rank stops with exit 2, naming
+the folder it waited for.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from pathlib import Path
 
 import torch
 
+from pipeline.errors import ConfigError
+
 log = logging.getLogger("pipeline")
 
 POLL_S = 1.0
+_wait = {"limit_s": 86400.0}  # prep_timeout_s of this run (`set_wait_limit`)
 SLOW_PREP_ENV = "PIPELINE_TEST_SLOW_PREP_S"  # test hook: seconds the main process sleeps while preparing
 
 
@@ -42,14 +47,25 @@ def slow_down_for_tests() -> None:
         time.sleep(seconds)
 
 
-def wait_for_dir(path: Path, what: str) -> None:
-    """Block until another process has committed the folder `path` (no collective, so no timeout).
+def set_wait_limit(seconds: float) -> None:
+    """How long `wait_for_dir` waits at most (the run's `prep_timeout_s`)."""
+    _wait["limit_s"] = float(seconds)
+
+
+def wait_for_dir(path: Path, what: str, limit_s: float | None = None) -> None:
+    """Block until another process has committed the folder `path`: no collective, so no collective timeout, but
+    at most `limit_s` seconds (default: `set_wait_limit`'s), then a `ConfigError` naming the folder.
 
     If the preparing process dies, the launcher (torchrun / accelerate) stops this one with it.
     """
+    limit_s = _wait["limit_s"] if limit_s is None else limit_s
     started = last = time.monotonic()
     while not path.is_dir():
-        time.sleep(POLL_S)
+        if time.monotonic() - started > limit_s:
+            raise ConfigError(f"waited {limit_s:.0f} s (prep_timeout_s) for the main process to prepare {what} in "
+                              f"{path}, and it never appeared: the cache folder (cache_dir) must be on a filesystem "
+                              f"every node shares; if the main process is still preparing, raise prep_timeout_s")
+        time.sleep(min(POLL_S, max(limit_s, 0.01)))
         if time.monotonic() - last > 60:
             last = time.monotonic()
             log.info("waiting for the main process to prepare %s (%.0f s)", what, last - started)

@@ -29,7 +29,7 @@ from trl.data_utils import _tokenize
 from pipeline.config import ConfigError
 from pipeline.data import chat, prep
 from pipeline.files import atomic_dir, fingerprint
-from pipeline.train.distributed import main_writes
+from pipeline.train.distributed import main_writes, same_on_every_rank
 
 VERSION = 2  # bump when the tokenisation below changes what it writes
 
@@ -102,8 +102,13 @@ def tokenise(dataset: Any, stage: Any, tok: Any) -> Any:
 
 def tokenised(dataset: Any, stage: Any, tok: Any, cache_dir: Path, name: str) -> Any:
     """`dataset` tokenised for `stage`, from the cache or tokenised now and stored: the main process writes, the
-    others wait for the folder on disk (see `prep`: tokenising may outlast any collective), then load it."""
-    path = Path(cache_dir) / "tokenized" / cache_key(dataset, stage, tok)
+    others wait for the folder on disk (see `prep`: tokenising may outlast any collective), then load it. Every
+    rank computes the cache key and they compare it first: a rank with another key would wait for a folder the
+    main process never writes."""
+    key = cache_key(dataset, stage, tok)
+    same_on_every_rank(key, f"the tokenised-cache key of {name}'s rows", "their rows, tokenizer files or library "
+                       "versions differ: every node must run the same code on the same data")
+    path = Path(cache_dir) / "tokenized" / key
     with main_writes() as main:
         if main and path.is_dir():
             log.info("%s: tokenised data: cache hit %s", name, path)

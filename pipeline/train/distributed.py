@@ -1,11 +1,14 @@
 """Process state for one or many processes: the process group, DeepSpeed detection, the CPU / gloo
-workaround, and the one rule for run files: the main process writes, every rank waits.
+workaround, the one rule for run files (the main process writes, every rank waits), and how the ranks agree:
+a value every rank must share is gathered from all of them and compared (`same_on_every_rank`), and a
+disagreement is raised on every rank alike (`agreed_error`), so that no rank is left waiting at a collective.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -16,6 +19,8 @@ import torch.distributed as dist
 from accelerate import PartialState
 from accelerate.state import AcceleratorState
 from accelerate.utils import broadcast_object_list
+
+from pipeline.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -78,15 +83,86 @@ def main_value(value: T) -> T:
     return box[0]
 
 
+def world_size() -> int:
+    """The number of ranks of the process group (1 without one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def every_value(value: T) -> list[T]:
+    """`value` of every rank, in rank order, on every rank (an all-gather; every rank must call it)."""
+    if world_size() == 1:
+        return [value]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def host() -> str:
+    """This machine's name, as errors name it."""
+    return socket.gethostname()
+
+
+def ranks_on(ranks: list[int], on: str) -> str:
+    """`rank 3 on node-b`, `ranks 8-15 on node-b`, `ranks 1, 3 on node-b`."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} on {on}"
+    run = ranks == list(range(ranks[0], ranks[-1] + 1))
+    return f"ranks {ranks[0]}-{ranks[-1]} on {on}" if run else f"ranks {', '.join(map(str, ranks))} on {on}"
+
+
+PLURAL = {"does": "do", "runs": "run", "computes": "compute", "plans": "plan", "has": "have"}
+
+
+def ranks_do(ranks: list[int], on: str, what: str) -> str:
+    """`rank 3 on node-b computes X`, `ranks 8-15 on node-b compute X`: `what` starts with a verb of `PLURAL`."""
+    verb, _, rest = what.partition(" ")
+    return f"{ranks_on(ranks, on)} {PLURAL.get(verb, verb) if len(ranks) > 1 else verb} {rest}"
+
+
+def agreed_error(message: str) -> ConfigError:
+    """The `ConfigError` every rank raises alike once the ranks have agreed on it (printed once per machine)."""
+    err = ConfigError(message)
+    err.every_rank = True
+    return err
+
+
+def same_on_every_rank(value: object, what: str, advice: str) -> None:
+    """Raise the same `ConfigError` on every rank when some rank's `value` differs from the main process's,
+    naming those ranks, their hosts and both values: `"rank 1 on node-b computes <what> X, but rank 0 on node-a
+    computes Y: <advice>"`. Every rank must call it."""
+    seen = every_value((host(), value))
+    main_host, first = seen[0]
+    odd: dict[tuple[str, str], list[int]] = {}
+    for rank, (on, mine) in enumerate(seen):
+        if mine != first:
+            odd.setdefault((on, str(mine)), []).append(rank)
+    if odd:
+        theirs = "; ".join(ranks_do(ranks, on, f"computes {what} {mine}") for (on, mine), ranks in odd.items())
+        raise agreed_error(f"{theirs}, but rank 0 on {main_host} computes {first}: {advice}")
+
+
+def barrier(what: str) -> None:
+    """Wait for every rank, at most `collective_timeout_s`; a timeout names `what` the ranks waited for."""
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        else:
+            PartialState().wait_for_everyone()
+    except RuntimeError as err:
+        if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
+            raise
+        raise RuntimeError(f"rank {dist.get_rank()} on {host()} waited for {what} longer than collective_timeout_s: "
+                           f"a rank is stuck or gone ({err})") from err
+
+
 @contextlib.contextmanager
 def main_writes() -> Iterator[bool]:
     """`with main_writes() as main: if main: write(...)`: every rank waits until the main process has written.
 
     The wait happens only when the block finishes; an exception on one rank is raised there as is.
     """
-    state = PartialState()
-    yield state.is_main_process
-    state.wait_for_everyone()
+    yield PartialState().is_main_process
+    barrier("the main process to write run files")
 
 
 def share_cpu_threads() -> None:
@@ -103,5 +179,5 @@ def close_process_group(together: bool = False) -> None:
     still uses them."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         if together and torch.distributed.get_world_size() > 1:
-            torch.distributed.barrier()
+            barrier("every rank to finish the run")
         torch.distributed.destroy_process_group()
