@@ -171,10 +171,10 @@ def _hub_head(src: DictConfig, cfg: DictConfig, rows: int) -> list[tuple[str, di
     try:
         if offline:  # what the stage would load: the datasets cache
             found = datasets.load_dataset(**args, split=src.split, **revision)
-            found = found.select(range(min(rows, len(found))))
-        else:
-            found = itertools.islice(datasets.load_dataset(**args, split=src.split, streaming=True, **revision), rows)
-        found = list(found)
+            found = list(found.select(range(min(rows, len(found)))))
+        else:  # a stream has no slices (`train[:-500]`): the split's first rows
+            stream = datasets.load_dataset(**args, split=src.split.split("[")[0], streaming=True, **revision)
+            found = list(itertools.islice(stream, rows))
     except ConnectionError as err:
         if offline:
             raise ConfigError(f"hub dataset {label} is not in the local datasets cache and HF_HUB_OFFLINE / "
@@ -184,6 +184,10 @@ def _hub_head(src: DictConfig, cfg: DictConfig, rows: int) -> list[tuple[str, di
         return []
     except (ValueError, FileNotFoundError) as err:  # no such dataset, config or split
         raise ConfigError(f"hub dataset {label} ({args['path']}): {str(err).splitlines()[0]}") from None
+    except Exception as err:  # noqa: BLE001 - a dataset that does not stream: its stage loads it whole
+        log.warning("could not read the first rows of %s to check them (%s: %s); they are checked when its stage "
+                    "loads them", label, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        return []
     return [(f"{label} row {i + 1}", row) for i, row in enumerate(found)]
 
 
