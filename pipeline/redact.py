@@ -80,8 +80,14 @@ def remember(cfg: Any) -> None:
     log filter hide them from free text."""
     from omegaconf import DictConfig, OmegaConf
 
-    plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
-    _known.update(s for s in secrets(plain) if len(s) >= MIN_SCRUBBED)
+    plain = [cfg]
+    if isinstance(cfg, DictConfig):  # both forms: `${oc.env:HF_TOKEN}` and the token it resolves to
+        plain = [OmegaConf.to_container(cfg, resolve=False)]
+        try:
+            plain.append(OmegaConf.to_container(cfg, resolve=True))
+        except Exception:  # noqa: BLE001 - an interpolation that does not resolve: only its text is known
+            pass
+    _known.update(s for value in plain for s in secrets(value) if len(s) >= MIN_SCRUBBED)
 
 
 def scrub(text: str) -> str:
