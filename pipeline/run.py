@@ -4,9 +4,9 @@ launches this file and keeps its exit code: pipeline/launch.py); `--help` prints
 
 Exit codes (pipeline/errors.py): 0 every stage passed; 2 bad config or bad input; 3 a gate stopped the
 chain; 4 a stage could not finish training (diverged, disk full); 5 device memory passed its limit (checkpoint
-saved); 75 a preemption signal (SIGTERM / SIGUSR1) made it save and stop; 1 a crash (its traceback is appended to `<run>/pipeline.log`). The main process records
-the outcome in `<run>/outcome.json` (pipeline/chain/outcome.py), as `accelerate launch` reports every failure
-as 1.
+saved); 75 a preemption signal (SIGTERM / SIGUSR1) made it save and stop; 1 a crash (its traceback is
+appended to `<run>/pipeline.log`). The main process records the outcome in `<run>/outcome.json`
+(pipeline/chain/outcome.py), as `accelerate launch` reports every failure as 1.
 """
 
 from __future__ import annotations

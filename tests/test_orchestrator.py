@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import FAST
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig
+from tokenizers import Tokenizer, models
+from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 from pipeline.evaluation import lmeval
 from pipeline.run import main
@@ -62,6 +63,8 @@ def chain(tmp_path, monkeypatch):
     base = _checkpoint(tmp_path / "base", 0.0)
     LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=1,
                 vocab_size=16).save_pretrained(base)
+    words = Tokenizer(models.WordLevel({"<eos>": 0, "<unk>": 1}, unk_token="<unk>"))  # the preflight renders rows
+    PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<eos>", unk_token="<unk>").save_pretrained(base)
     fakes: list[Chain] = []
 
     def go(scores: dict[str, float], *overrides: str) -> tuple[int, Path, Chain]:
@@ -124,3 +127,20 @@ def test_a_significant_drop_against_the_previous_checkpoint_fails_its_gate(chain
     assert code == 3
     verdict = _record(run, "02-midtrain")["gate"]
     assert not verdict["passed"] and verdict["paired"]["diff"] == pytest.approx(-0.5)
+
+
+def test_a_redo_is_carried_out_once_and_makes_later_stages_stale_before_it_is_scored(chain):
+    """redo=[sft]: a crash while scoring the redone sft leaves midtrain, trained from the replaced model, stale; the
+    same command again (a requeue) scores sft without retraining it and retrains midtrain; a run without the redo
+    then reuses both and forgets the redo."""
+    code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 0
+    code, _, redone = chain({"sft": float("nan"), "midtrain": 0.75}, "redo=[sft]")  # scoring NaN right: a crash
+    assert code == 1 and [name for name, _ in redone.trained] == ["sft"]
+    assert _record(run, "01-sft")["redone"] is True and _record(run, "01-sft")["status"] == "trained"
+    assert _record(run, "02-midtrain")["status"] == "stale"
+    _checkpoint(run / "stages/01-sft/model", 0.5)  # the cause of the crash is gone
+    code, _, again = chain({"sft": 0.5, "midtrain": 0.75}, "redo=[sft]")  # the requeue: the same command line
+    assert code == 0 and [name for name, _ in again.trained] == ["midtrain"]
+    code, _, after = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 0 and after.trained == [] and "redone" not in _record(run, "01-sft")

@@ -263,6 +263,7 @@ def test_sigkill_during_a_sweep_candidate_keeps_the_finished_ones(tmp_path, cach
     again = run_cli(*grown, "redo=[dpo]")  # retrained: its finished candidate is still reused
     assert again.returncode == 0, again.stderr[-3000:]
     assert "candidate beta0.1-lr1e-05: reusing" in again.stderr
-    assert "candidate beta0.1-lr2e-05: training" in again.stderr and "candidate beta0.1-lr4e-05: training" in again.stderr
+    assert "candidate beta0.1-lr2e-05: training" in again.stderr
+    assert "candidate beta0.1-lr4e-05: training" in again.stderr
     assert (cands / "beta0.1-lr1e-05/stage.json").stat().st_mtime_ns == first
     assert json.loads((tmp_path / "tiny/stages/02-dpo/stage.json").read_text())["status"] == "done"

@@ -95,8 +95,12 @@ def check_chain(cfg: Any, rows: dict[str, list[tuple[str, dict]]] | None = None)
             return  # not built yet: it brings its own template, checked on the stage's rows when the stage starts
     from pipeline.train.models import load_tokenizer  # here, not at the top: it imports torch
 
-    tok = load_tokenizer(path, cfg.model)
     source = cfg.model.chat_template or cfg.model.tokenizer or cfg.model.name_or_path
+    try:
+        tok = load_tokenizer(path, cfg.model)
+    except (OSError, ValueError) as err:  # no tokenizer files, or files no tokenizer class reads
+        reason = " ".join(str(err).split())[:300] or type(err).__name__
+        raise ConfigError(f"cannot load the tokenizer of {cfg.model.tokenizer or path}: {reason}") from None
     if not tok.chat_template:
         if chat:
             raise ConfigError(f"stage(s) {', '.join(chat)} need a chat template and the tokenizer of {source} has no "
