@@ -267,3 +267,41 @@ def test_sigkill_during_a_sweep_candidate_keeps_the_finished_ones(tmp_path, cach
     assert "candidate beta0.1-lr4e-05: training" in again.stderr
     assert (cands / "beta0.1-lr1e-05/stage.json").stat().st_mtime_ns == first
     assert json.loads((tmp_path / "tiny/stages/02-dpo/stage.json").read_text())["status"] == "done"
+
+
+def test_sigterm_while_scoring_stops_at_once_and_the_rerun_scores_without_retraining(reference, tmp_path,
+                                                                                      cache_dir):
+    args = _args(tmp_path, cache_dir)
+    proc = _start(args)
+    record = tmp_path / "tiny/stages/01-sft/stage.json"
+    _wait_for_status(record, "trained", proc)  # written just before its scoring starts
+    trained = json.loads(record.read_text())["metrics"]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-3000:]
+    assert "SIGTERM received; stopped" in err and "scoring 01-sft" in err
+    assert json.loads((tmp_path / "tiny/outcome.json").read_text())["outcome"] == "preempted"
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    done = json.loads(record.read_text())
+    assert done["status"] == "done" and done["metrics"] == trained  # scored, not trained again
+    assert _losses(tmp_path / "tiny") == pytest.approx(_losses(reference), abs=1e-4)
+
+
+def test_ctrl_c_while_tokenising_stops_at_once_and_the_rerun_finishes(tmp_path, cache_dir):
+    """SIGINT to the process group, as a terminal sends it; tokenising is held up by the test hook."""
+    args = _args(tmp_path, cache_dir, "sft.max_length=200", "eval.tasks=[]", "sft.gate.metric=")  # a new cache key
+    env = {**os.environ, "PIPELINE_TEST_SLOW_PREP_S": "120"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "pipeline/run.py"), *args], cwd=ROOT, text=True, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    log = tmp_path / "tiny/pipeline.log"
+    deadline = time.time() + 600
+    while "test hook: preparation slowed" not in (log.read_text() if log.exists() else ""):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)  # well before the hook's 120 s
+    assert proc.returncode == 75, err[-3000:]
+    assert "SIGINT received; stopped tokenising" in err and "Traceback" not in err
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]

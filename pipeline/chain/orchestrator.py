@@ -115,7 +115,8 @@ class Run:
             if pending:
                 log.info("building the base model with extension %s (once; kept in %s)", self.cfg.extension,
                          pending.parent)
-            self._base = base_model(self.cfg)
+            with preempt.collective("building the base model"):
+                self._base = base_model(self.cfg)
             if pending:
                 self.base_build_s = round(time.time() - t0, 1)
                 log.info("base model built in %s: %s", logs.duration(self.base_build_s), self._base)
@@ -125,7 +126,8 @@ class Run:
         """Score `model` on the main process only; the other ranks wait (results travel via stage.json)."""
         if not ev["tasks"]:
             return {"metrics": {}}
-        result = evaluate.run_eval(model, ev, self.tasks_dir, out_dir, self.cfg.model) if self.main else {}
+        with preempt.main_only(f"scoring {out_dir.parent.name}") as main:
+            result = evaluate.run_eval(model, ev, self.tasks_dir, out_dir, self.cfg.model) if main else {}
         if self.main:
             log.info("%s scored in %s: %s", out_dir.parent.name, logs.duration(result["wall_time_s"]),
                      logs.scores(result["metrics"]))

@@ -39,6 +39,7 @@ from pipeline.runfolder import (
     run_root,
     stored_path,
 )
+from pipeline.train import preempt
 from pipeline.train.distributed import main_writes
 
 log = logging.getLogger("pipeline")
@@ -137,7 +138,7 @@ def _combine(ctx: StageContext, inputs: str, kind: str, models: list[Path], weig
     record = StageRecord.read(out)
     if record.status == "done" and finished(record, out, fp):
         return record
-    with main_writes() as main:
+    with preempt.main_only(f"making the {kind}") as main:
         if main and weights is None:
             merge.soup(models, out / "model")
         elif main:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from pipeline.errors import ConfigError
+from pipeline.train import preempt
 
 log = logging.getLogger("pipeline")
 
@@ -65,6 +66,7 @@ def wait_for_dir(path: Path, what: str, limit_s: float | None = None) -> None:
             raise ConfigError(f"waited {limit_s:.0f} s (prep_timeout_s) for the main process to prepare {what} in "
                               f"{path}, and it never appeared: the cache folder (cache_dir) must be on a filesystem "
                               f"every node shares; if the main process is still preparing, raise prep_timeout_s")
+        preempt.check(f"waiting for {what}")  # the main process, which prepares it, got the signal too
         time.sleep(min(POLL_S, max(limit_s, 0.01)))
         if time.monotonic() - last > 60:
             last = time.monotonic()

@@ -29,6 +29,7 @@ from trl.data_utils import _tokenize
 from pipeline.config import ConfigError
 from pipeline.data import chat, prep
 from pipeline.files import atomic_dir, fingerprint
+from pipeline.train import preempt
 from pipeline.train.distributed import main_writes, same_on_every_rank
 
 VERSION = 2  # bump when the tokenisation below changes what it writes
@@ -114,10 +115,11 @@ def tokenised(dataset: Any, stage: Any, tok: Any, cache_dir: Path, name: str) ->
             log.info("%s: tokenised data: cache hit %s", name, path)
         elif main:
             log.info("%s: tokenised data: cache miss, tokenising %s rows into %s", name, f"{len(dataset):,}", path)
-            tokens = tokenise(dataset, stage, tok)
-            prep.slow_down_for_tests()
-            with atomic_dir(path, first_wins=True) as tmp:  # another run sharing the cache may race
-                tokens.save_to_disk(str(tmp))
+            with preempt.interruptible(f"tokenising {name}'s rows"):
+                tokens = tokenise(dataset, stage, tok)
+                prep.slow_down_for_tests()
+                with atomic_dir(path, first_wins=True) as tmp:  # another run sharing the cache may race
+                    tokens.save_to_disk(str(tmp))
         else:
             prep.wait_for_dir(path, f"{name}'s tokenised data")
     return datasets.load_from_disk(str(path))

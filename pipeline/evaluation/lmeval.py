@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import extension, logs
+from pipeline import extension
 from pipeline.config import ROOT, ConfigError
 from pipeline.data.mixtures import hub_source
 from pipeline.evaluation import lmeval_fast
@@ -244,7 +244,7 @@ def _hf_lm(model_path: str | Path, ev: dict, fmt: dict, model_cfg: Any) -> Any:
 def _vllm_lm(model_path: str | Path, ev: dict, fmt: dict) -> Any:
     """lm-eval's vllm model on the checkpoint's files, handed `eval.batch_size` requests at a time (a number: with
     "auto", lm-eval asks vLLM for a progress bar, which fails under TQDM_DISABLE)."""
-    with logs.children_to_file():
+    with engines.starting():
         return engines.lmeval_vllm_class()(pretrained=str(model_path), batch_size=ev["batch_size"],
                                            max_gen_toks=ev["max_gen_toks"], seed=1234,
                                            chat_template_args=fmt["chat_template_kwargs"], **engines.engine_args())

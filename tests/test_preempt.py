@@ -1,0 +1,102 @@
+"""Stop signals outside training steps (pipeline/train/preempt.py), in this process and in real child processes:
+an interruptible section stops at once, a main-only section stops every rank, a second Ctrl-C is immediate, and
+processes started shielded survive the signals the run handles itself. The runs they protect: test_reliability."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from pipeline.errors import Preempted
+from pipeline.train import preempt
+
+
+@pytest.fixture
+def handlers():
+    """The run's handlers, installed for the test and removed after it, with a clear flag."""
+    saved = {sig: signal.getsignal(sig) for sig in preempt.SIGNALS}
+    preempt.install()
+    preempt._requested["signal"] = None
+    yield
+    preempt._requested["signal"] = None
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def _busy(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_a_signal_outside_a_section_only_sets_the_flag(handlers):
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert preempt.requested() == "SIGUSR1"
+    with pytest.raises(Preempted, match="SIGUSR1 received; stopped cleanly before scoring"):
+        with preempt.interruptible("scoring"):
+            pytest.fail("a section does not start after a signal")
+
+
+def test_a_signal_inside_an_interruptible_section_stops_it_at_once(handlers):
+    started = time.monotonic()
+    with pytest.raises(Preempted, match="SIGTERM received; stopped tokenising; it is redone on the rerun"):
+        with preempt.interruptible("tokenising"):
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+            _busy(30)
+    assert time.monotonic() - started < 10
+    assert preempt._requested["interruptible"] is None  # the section is over
+
+
+def test_library_code_that_catches_exceptions_does_not_swallow_the_stop(handlers):
+    with pytest.raises(Preempted):
+        with preempt.interruptible("scoring"):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                _busy(0.1)
+            except Exception:  # noqa: BLE001 - what a library's broad handler does
+                pytest.fail("the stop reached a library's except Exception")
+
+
+def test_a_second_ctrl_c_stops_at_once(handlers):
+    os.kill(os.getpid(), signal.SIGINT)
+    assert preempt.requested() == "SIGINT"
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        _busy(1)
+
+
+def test_main_only_stops_a_single_process_with_the_section_named(handlers):
+    with pytest.raises(Preempted, match="stopped on-policy sampling"):
+        with preempt.main_only("on-policy sampling") as main:
+            assert main
+            os.kill(os.getpid(), signal.SIGUSR1)
+            _busy(1)
+
+
+def _wait_then_report(queue) -> None:
+    queue.put(os.getpid())
+    time.sleep(5)
+
+
+def test_processes_started_shielded_survive_the_stop_signals_and_the_run_still_gets_them(handlers):
+    """As a vLLM engine core, which Slurm's `scancel --signal` and a terminal's Ctrl-C reach too."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    with preempt.shielded():
+        child = ctx.Process(target=_wait_then_report, args=(queue,))
+        child.start()
+        os.kill(os.getpid(), signal.SIGUSR1)  # arrives while blocked: delivered when the block ends
+        assert preempt.requested() is None
+    assert preempt.requested() == "SIGUSR1"
+    pid = queue.get(timeout=60)
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+        os.kill(pid, sig)
+    time.sleep(0.5)
+    assert child.is_alive()
+    child.kill()
+    child.join()
