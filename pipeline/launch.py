@@ -14,8 +14,9 @@ starts the recipe arguments. `--help` prints the pipeline's usage and the common
 too, before the launcher's own messages.
 
 SIGTERM and SIGUSR1 sent to this launcher are passed on to the pipeline processes (which save a
-checkpoint and exit 75), and the launcher waits for them: torch elastic is told to leave SIGTERM alone
-(`PET_SIGNALS_TO_HANDLE`), as it would otherwise kill the processes after 30 s and lose their codes.
+checkpoint and exit 75), and the launcher waits for them: torch elastic is told to leave SIGTERM and SIGINT
+alone (`PET_SIGNALS_TO_HANDLE`), as it would otherwise kill the processes after 30 s and lose their codes. A
+terminal's Ctrl-C (SIGINT) is passed on as SIGTERM.
 """
 
 from __future__ import annotations
@@ -55,17 +56,20 @@ def shell_code(returncode: int) -> int:
 
 
 def forward_signals() -> None:
-    """Pass SIGTERM / SIGUSR1 on to this process's children (the pipeline processes) and keep waiting."""
+    """Pass SIGTERM / SIGUSR1 on to this process's children (the pipeline processes) and keep waiting; SIGINT (a
+    terminal's Ctrl-C) goes on as SIGTERM: torch elastic starts its processes in sessions of their own, which the
+    terminal does not reach, while a single process in the launcher's group gets the terminal's SIGINT as well
+    (a second SIGINT would stop it at once)."""
     import psutil
 
-    os.environ.setdefault("PET_SIGNALS_TO_HANDLE", "SIGINT,SIGHUP,SIGQUIT")  # torch elastic: SIGTERM is ours
+    os.environ.setdefault("PET_SIGNALS_TO_HANDLE", "SIGHUP,SIGQUIT")  # torch elastic: SIGTERM and SIGINT are ours
 
     def forward(signum: int, _frame: object) -> None:
         for child in psutil.Process().children():
             with contextlib.suppress(psutil.NoSuchProcess):
-                child.send_signal(signum)
+                child.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
 
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, forward)
 
 
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smol-pipeline: exit {code} ({NAMES.get(code, 'crashed')}) from rank {rank}{log_hint(recipe)}",
               file=sys.stderr)  # torch elastic's log lines come after the processes' last words
         return code
-    except SignalException as err:  # SIGINT / SIGHUP / SIGQUIT: torch elastic stopped the processes
+    except SignalException as err:  # SIGHUP / SIGQUIT: torch elastic stopped the processes
         return 128 + err.sigval
     return 0
 

@@ -81,7 +81,11 @@ def test_a_gate_stop_exits_3_and_is_recorded(kind, launch, code, smol, tiny_base
 
 
 def _signal(proc: subprocess.Popen, sig: int, whom: str) -> None:
-    """Signal the launcher itself, or (as Slurm does) the pipeline processes under it."""
+    """Signal the launcher itself, (as Slurm does) the pipeline processes under it, or (as a terminal's Ctrl-C
+    does) its whole process group."""
+    if whom == "group":
+        os.killpg(proc.pid, sig)
+        return
     targets = [proc.pid] if whom == "launcher" else [p.pid for p in psutil.Process(proc.pid).children()]
     assert targets
     for pid in targets:
@@ -91,11 +95,12 @@ def _signal(proc: subprocess.Popen, sig: int, whom: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, launch, sig, whom, code", [
     ("smol-pipeline", ONE, signal.SIGTERM, "launcher", 75), ("smol-pipeline", TWO, signal.SIGUSR1, "launcher", 75),
-    ("accelerate", ONE, signal.SIGUSR1, "pipeline", 1)], ids=["smol-1-TERM", "smol-2-USR1", "accelerate-1-USR1"])
+    ("smol-pipeline", TWO, signal.SIGINT, "group", 75), ("accelerate", ONE, signal.SIGUSR1, "pipeline", 1)],
+    ids=["smol-1-TERM", "smol-2-USR1", "smol-2-ctrl-c", "accelerate-1-USR1"])
 def test_a_preemption_exits_75_and_is_recorded(kind, launch, sig, whom, code, smol, tiny_base, tmp_path, cache_dir):
     args = _args(tmp_path, cache_dir, *NO_EVAL, "stages=[sft]", "sft.max_steps=40", "sft.save_steps=5")
     proc = subprocess.Popen(_command(kind, smol, launch, args), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, start_new_session=True)
     checkpoint = tmp_path / "tiny/stages/01-sft/work/checkpoint-5/trainer_state.json"
     deadline = time.time() + 600
     while not checkpoint.exists():
@@ -104,7 +109,8 @@ def test_a_preemption_exits_75_and_is_recorded(kind, launch, sig, whom, code, sm
     _signal(proc, sig, whom)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == code, err[-3000:]
-    assert f"preempted: {signal.Signals(sig).name} received; stopped cleanly in 01-sft" in err
+    forwarded = "SIGTERM" if sig == signal.SIGINT else signal.Signals(sig).name  # the launcher forwards Ctrl-C so
+    assert f"preempted: {forwarded} received; stopped cleanly in 01-sft" in err
     outcome = _outcome(tmp_path / "tiny")
     assert (outcome["exit_code"], outcome["outcome"], outcome["stage"]) == (75, "preempted", "01-sft")
     assert json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())["status"] == "running"

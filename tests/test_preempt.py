@@ -20,9 +20,9 @@ def handlers():
     """The run's handlers, installed for the test and removed after it, with a clear flag."""
     saved = {sig: signal.getsignal(sig) for sig in preempt.SIGNALS}
     preempt.install()
-    preempt._requested["signal"] = None
+    preempt._requested.update(signal=None, sigints=0)
     yield
-    preempt._requested["signal"] = None
+    preempt._requested.update(signal=None, sigints=0)
     for sig, handler in saved.items():
         signal.signal(sig, handler)
 

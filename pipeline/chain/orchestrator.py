@@ -263,7 +263,7 @@ def _run_chain(run: Run) -> int:
     for d in run.decisions:
         outcome.enter(d.dir.name)
         _freeze_survivors()
-        preempt.check(f"before stage {d.dir.name}")
+        preempt.check_together(f"before stage {d.dir.name}")
         if d.action == "reuse":
             log.info("%s: reusing finished stage %s (fingerprint %s)", _label(run, d), d.dir, d.fingerprint)
             _forget_redo(run, d)

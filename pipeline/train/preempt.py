@@ -24,7 +24,8 @@ from pipeline.errors import Preempted
 from pipeline.train.distributed import any_rank, is_main, world_size
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-_requested: dict[str, Any] = {"signal": None, "interruptible": None}  # the signal's name; the section it stops
+# the first signal's name; the section a signal stops now; how many SIGINTs came
+_requested: dict[str, Any] = {"signal": None, "interruptible": None, "sigints": 0}
 
 
 class _Interrupt(BaseException):
@@ -33,10 +34,12 @@ class _Interrupt(BaseException):
 
 
 def _handler(signum: int, _frame: Any) -> None:
-    if signum == signal.SIGINT and _requested["signal"] == "SIGINT":
+    _requested["sigints"] += signum == signal.SIGINT
+    if _requested["sigints"] > 1:
         raise KeyboardInterrupt  # a second Ctrl-C: stop now
-    _requested["signal"] = signal.Signals(signum).name
+    _requested["signal"] = _requested["signal"] or signal.Signals(signum).name
     if _requested["interruptible"]:
+        _requested["interruptible"] = None  # once: a second signal must not cut short the cleanup on the way out
         raise _Interrupt
 
 
@@ -55,6 +58,13 @@ def check(where: str) -> None:
     """Raise `Preempted` at a safe point if a signal arrived."""
     if requested():
         raise Preempted(f"{requested()} received; stopped cleanly {where}")
+
+
+def check_together(where: str) -> None:
+    """`check` on every rank at once (an all-reduce): when any rank got a signal, every rank raises `Preempted`
+    here, so none goes on alone into work the others have left."""
+    if any_rank(requested() is not None):
+        raise Preempted(f"{requested() or 'a peer rank'} received; stopped cleanly {where}")
 
 
 @contextlib.contextmanager
