@@ -24,7 +24,10 @@ forward() {
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 # srun does not pass the job's --cpus-per-task on to its steps (Slurm 22.05): pass it explicitly.
-srun --nodes="$nodes" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+# The nodes end a run together (finished, bad input, a gate stop, preempted) with one code, but not at the same
+# instant: --kill-on-bad-exit would kill the nodes still exiting, and the job would end 143 (not requeued). So
+# the others get 60 s after the first node ends, and are then killed (a node that crashed alone).
+srun --nodes="$nodes" --ntasks-per-node=1 --kill-on-bad-exit=0 --wait=60 \
   ${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"} \
   slurm/node.sh "$@" &
 step=$!

@@ -10,119 +10,32 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, missing
+import slurmkit as sk
+from conftest import FAST, ROOT
 
 METRIC = "tiny_gsm/exact_match,strict-match"
 NO_EVAL = ["eval.tasks=[]", "sft.gate.metric=", "midtrain.gate.metric="]
 
 
-def _slurm_conf(state: Path, host: str) -> str:
-    memory_mb = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 * 8 // 10
-    return f"""ClusterName=pipeline-test
-SlurmctldHost={host}(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-# a requeued job waits cred_expire + 1 s (default 120) and the scheduler's next pass: keep both short
-AuthInfo=cred_expire=5
-CredType=cred/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-SchedulerType=sched/backfill
-SchedulerParameters=sched_interval=2,bf_interval=2
-ReturnToService=2
-StateSaveLocation={state}/ctld
-SlurmdSpoolDir={state}/spool
-SlurmctldPidFile={state}/slurmctld.pid
-SlurmdPidFile={state}/slurmd.pid
-SlurmctldLogFile={state}/slurmctld.log
-SlurmdLogFile={state}/slurmd.log
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory={memory_mb} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-"""
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm(tmp_path_factory) -> Iterator[dict]:
-    """Start munged (if not running), slurmctld and slurmd on this machine; yield the environment for jobs."""
-    absent = [cmd for cmd in ("sbatch", "slurmctld", "slurmd", "munged") if not shutil.which(cmd)]
-    if absent or os.geteuid() != 0:
-        missing(f"Slurm needs root and slurm-wlm + munge (missing: {absent or 'root'})")
-    state = tmp_path_factory.mktemp("slurm")
-    for sub in ("ctld", "spool"):
-        (state / sub).mkdir()
-    conf = state / "slurm.conf"
-    conf.write_text(_slurm_conf(state, socket.gethostname().split(".")[0]))
-    for path in ("/run/munge", "/var/lib/munge", "/var/log/munge"):
-        os.makedirs(path, exist_ok=True)
-        shutil.chown(path, "munge", "munge")
-    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode:
-        subprocess.run(["runuser", "-u", "munge", "--", shutil.which("munged")], check=True)
-    env = {**os.environ, "SLURM_CONF": str(conf), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    subprocess.run(["slurmctld", "-c", "-f", str(conf)], check=True, env=env)
-    subprocess.run(["slurmd", "-f", str(conf)], check=True, env=env)
-    try:
-        deadline = time.time() + 60
-        while _run(env, "sinfo", "-h", "-o", "%T").stdout.strip() != "idle":
-            assert time.time() < deadline, (state / "slurmd.log").read_text()[-3000:]
-            time.sleep(0.5)
+    """A one-node cluster (tests/slurmkit.py); yields the environment for Slurm commands and jobs."""
+    with sk.cluster(tmp_path_factory.mktemp("slurm")) as env:
         yield env
-    finally:
-        jobs = _run(env, "squeue", "-h", "-o", "%i").stdout.split()
-        if jobs:
-            _run(env, "scancel", *jobs)
-        _run(env, "scontrol", "shutdown")
-
-
-def _run(env: dict, *cmd: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _resources(out: Path, cpus: int = 2) -> list[str]:
-    return ["--gpus-per-node=0", f"--cpus-per-task={cpus}", "--mem=3G", "--time=30", f"--output={out}/slurm-%j.out"]
-
-
-def _logs(out: Path) -> str:
-    return "".join(p.read_text() for p in sorted(out.glob("slurm-*.out")))
-
-
-def _job(env: dict, job: str) -> list[dict]:
-    """`scontrol show job` as one dict per job (an array gives one per task)."""
-    text = _run(env, "scontrol", "show", "job", "-o", job).stdout
-    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in text.splitlines() if line.strip()]
-
-
-def _wait_for_job(env: dict, job: str, timeout: float = 900) -> dict:
-    deadline = time.time() + timeout
-    while True:
-        (info,) = _job(env, job)
-        if info["JobState"] not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
-            return info
-        assert time.time() < deadline, f"job {job} still {info['JobState']}"
-        time.sleep(2)
 
 
 @pytest.mark.slow
 def test_pipeline_sbatch_runs_the_tiny_recipe_on_two_processes(slurm, tiny_base, tmp_path, cache_dir):
     t0 = time.time()
     env = {**slurm, "NPROC_PER_NODE": "2", "ACCELERATE_CONFIG": "recipes/accelerate/cpu.yaml"}
-    proc = _run(env, "timeout", "900", "sbatch", "--wait", *_resources(tmp_path), "slurm/pipeline.sbatch",
-                "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, timeout=960)
-    logs = _logs(tmp_path)
+    proc = sk.run(env, "timeout", "900", "sbatch", "--wait", *sk.resources(tmp_path), "slurm/pipeline.sbatch",
+                  "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, timeout=960)
+    logs = sk.logs(tmp_path)
     assert proc.returncode == 0, proc.stderr + logs[-4000:]
     assert "slurm: node 0 of 1: 2 process(es), 0 GPU(s), config recipes/accelerate/cpu.yaml: smol-pipeline " \
            "--num_machines 1 --machine_rank 0 --num_processes 2 --main_process_ip " in logs
@@ -138,10 +51,10 @@ def test_pipeline_sbatch_runs_the_tiny_recipe_on_two_processes(slurm, tiny_base,
 
 
 def test_a_job_exits_with_the_pipelines_own_code(slurm, tmp_path):
-    proc = _run(slurm, "timeout", "300", "sbatch", "--wait", *_resources(tmp_path), "slurm/pipeline.sbatch",
-                "recipe=tiny", "sft.learnin_rate=3e-4", timeout=320)
-    assert proc.returncode == 2, proc.stderr + _logs(tmp_path)[-4000:]  # `accelerate launch` would say 1
-    assert "error: unknown config key 'sft.learnin_rate'" in _logs(tmp_path)
+    proc = sk.run(slurm, "timeout", "300", "sbatch", "--wait", *sk.resources(tmp_path), "slurm/pipeline.sbatch",
+                  "recipe=tiny", "sft.learnin_rate=3e-4", timeout=320)
+    assert proc.returncode == 2, proc.stderr + sk.logs(tmp_path)[-4000:]  # `accelerate launch` would say 1
+    assert "error: unknown config key 'sft.learnin_rate'" in sk.logs(tmp_path)
 
 
 @pytest.mark.slow
@@ -151,14 +64,14 @@ def test_sweep_runs_one_job_per_candidate_then_the_selection(slurm, tiny_base, t
     sweep = ["stages=[sft,midtrain,dpo]", "dpo.mixture=tiny_prefs", "dpo.max_steps=4", "dpo.logging_steps=1",
              "dpo.per_device_train_batch_size=4", "dpo.sweep.beta=[0.05,0.2,0.5]", "dpo.sweep.learning_rate=[1e-3]",
              "dpo.on_policy.max_prompts=24", "dpo.gate.max_drop=1.0", "dpo.soup.top_k=2", "dpo.merge.stage=midtrain"]
-    proc = _run(slurm, "slurm/sweep.sh", *_resources(tmp_path, cpus=1), "recipe=tiny", f"output_root={tmp_path}",
-                f"cache_dir={cache_dir}", *FAST, *sweep)
+    proc = sk.run(slurm, "slurm/sweep.sh", *sk.resources(tmp_path, cpus=1), "recipe=tiny", f"output_root={tmp_path}",
+                  f"cache_dir={cache_dir}", *FAST, *sweep)
     assert proc.returncode == 0, proc.stderr
     first, array, select = re.findall(r"job (\d+)", proc.stdout)
-    info = _wait_for_job(slurm, select)
-    logs = _logs(tmp_path)
+    info = sk.wait_for_job(slurm, select)
+    logs = sk.logs(tmp_path)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", logs[-4000:]
-    (head,), tasks = _job(slurm, first), _job(slurm, array)
+    (head,), tasks = sk.job(slurm, first), sk.job(slurm, array)
     assert sorted(t["ArrayTaskId"] for t in tasks) == ["1", "2"]
     assert all(t["JobState"] == "COMPLETED" for t in [head, *tasks])
     a, b = tasks  # times have 1 s resolution: the order of the dependencies, and the array side by side
@@ -194,20 +107,20 @@ def test_preempted_job_saves_requeues_itself_and_resumes(slurm, tiny_base, tmp_p
     t0 = time.time()
     name = f"preempt-{os.getpid()}"
     job = subprocess.Popen(
-        ["timeout", "900", "sbatch", "--wait", f"--job-name={name}", *_resources(tmp_path),
+        ["timeout", "900", "sbatch", "--wait", f"--job-name={name}", *sk.resources(tmp_path),
          "slurm/pipeline.sbatch", "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST,
          *NO_EVAL, "stages=[sft]", "sft.max_steps=40", "sft.save_steps=5"],
         cwd=ROOT, env=slurm, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     work = tmp_path / "tiny/stages/01-sft/work"
     deadline = time.time() + 600
     while not (work / "checkpoint-5/trainer_state.json").exists():
-        assert job.poll() is None and time.time() < deadline, _logs(tmp_path)[-4000:]
+        assert job.poll() is None and time.time() < deadline, sk.logs(tmp_path)[-4000:]
         time.sleep(0.5)
-    (job_id,) = _run(slurm, "squeue", "-h", "-n", name, "-o", "%i").stdout.split()
+    (job_id,) = sk.run(slurm, "squeue", "-h", "-n", name, "-o", "%i").stdout.split()
     # what Slurm does 120 s before the time limit (--signal=B:USR1@120): signal the batch shell only
-    assert _run(slurm, "scancel", "--batch", "--signal=USR1", job_id).returncode == 0
+    assert sk.run(slurm, "scancel", "--batch", "--signal=USR1", job_id).returncode == 0
     _, err = job.communicate(timeout=900)
-    logs = _logs(tmp_path)
+    logs = sk.logs(tmp_path)
     assert job.returncode == 0, err + logs[-4000:]
     assert "slurm: USR1 received; forwarding USR1 to the job steps" in logs
     assert "preempted: SIGUSR1 received; stopped cleanly in 01-sft" in logs
@@ -217,7 +130,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(slurm, tiny_base, tmp_p
     record = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())
     assert record["status"] == "done" and record["metrics"]["resumed_from"] == resumed.group(1)
     assert record["metrics"]["steps"] == 40
-    assert _job(slurm, job_id)[0]["Restarts"] == "1"
+    assert sk.job(slurm, job_id)[0]["Restarts"] == "1"
     print(f"slurm preemption: {time.time() - t0:.1f} s")
 
 
