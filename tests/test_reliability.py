@@ -305,3 +305,25 @@ def test_ctrl_c_while_tokenising_stops_at_once_and_the_rerun_finishes(tmp_path, 
     assert "SIGINT received; stopped tokenising" in err and "Traceback" not in err
     again = run_cli(*args)
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+@pytest.mark.parametrize("point", ["model-saved", "scored 01-sft", "leaderboard"])
+def test_a_node_dying_at_any_point_resumes_with_the_same_losses_and_nothing_trained_twice(point, reference, tmp_path,
+                                                                                          cache_dir):
+    """SIGKILL (pipeline/faults.py) after a stage's model/ is committed but before its record says so, while its
+    checkpoint is scored, and while the leaderboard is written: the rerun finishes and trains no step twice."""
+    args = _args(tmp_path, cache_dir)
+    env = {**os.environ, "PIPELINE_TEST_KILL_AT": point}
+    killed = subprocess.run([sys.executable, str(ROOT / "pipeline/run.py"), *args], cwd=ROOT, env=env, text=True,
+                            capture_output=True, timeout=900)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    before = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())
+    assert after["status"] == "done" and (tmp_path / "tiny/leaderboard.html").is_file()
+    assert _losses(tmp_path / "tiny") == pytest.approx(_losses(reference), abs=1e-4)
+    if point == "model-saved":  # resumed from the last checkpoint, the final step's: no step trained again
+        assert before["status"] == "running" and after["metrics"]["resumed_from"].endswith("checkpoint-30")
+    else:  # finished before the kill: scored (again), not trained
+        assert before["status"] in ("trained", "done") and after["metrics"] == before["metrics"]

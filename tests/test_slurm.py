@@ -90,7 +90,8 @@ def test_sweep_runs_one_job_per_candidate_then_the_selection(slurm, tiny_base, t
     assert [row["candidate"] for row in table] == [*names, "soup", "merge"]
     assert stage["metrics"]["selected"] in {row["candidate"] for row in table}
     assert stage["eval"]["metrics"][METRIC] == max(row[METRIC] for row in table)
-    assert "sweep" not in stage["config"] and "candidate" not in stage["config"]  # the selected model's settings
+    chosen = stage["metrics"]["trained_with"]  # the selected model's settings (the record's config: the stage's)
+    assert "sweep" not in chosen and "candidate" not in chosen and "sweep" in stage["config"]
     # each candidate trained once, in its own job; the pairs were sampled once; the selection reused them all
     for i, name in enumerate(names):
         assert logs.count(f"candidate {name}: training") == 1

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import errors, logs, redact
+from pipeline import errors, faults, logs, redact
 from pipeline.chain import manifest, outcome, preflight, ranks, sweep
 from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
@@ -128,6 +128,7 @@ class Run:
             return {"metrics": {}}
         with preempt.main_only(f"scoring {out_dir.parent.name}") as main:
             result = evaluate.run_eval(model, ev, self.tasks_dir, out_dir, self.cfg.model) if main else {}
+            faults.point(f"scored {out_dir.parent.name}")
         if self.main:
             log.info("%s scored in %s: %s", out_dir.parent.name, logs.duration(result["wall_time_s"]),
                      logs.scores(result["metrics"]))
@@ -363,6 +364,7 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
         _clear_stale(d)
     record.write(d.dir)
     result = _fit(run, d, StageContext(run.cfg, d.name, model, d.dir))
+    faults.point("model-saved")
     if result is None:
         log.info("%s: sweep candidate %d done; a run without %s.sweep.candidate selects and goes on", _label(run, d),
                  run.cfg[d.name].sweep.candidate, d.name)

@@ -21,6 +21,7 @@ import io
 import json
 from pathlib import Path
 
+from pipeline import faults
 from pipeline.files import write_json, write_text
 from pipeline.report import charts, headline
 from pipeline.runfolder import StageRecord, candidates, stage_folders
@@ -212,6 +213,7 @@ def export(run_dirs: list[Path], out: Path) -> list[dict]:
     table = rows(heads)
     out = Path(out)
     write_text(out / "leaderboard.csv", to_csv(table))
+    faults.point("leaderboard")
     write_json(out / "leaderboard.json", {"columns": columns(table), "splits": splits(heads), "rows": table,
                                           "headline": {h.run.name: h.rows for h in heads}})
     write_text(out / "leaderboard.md", to_markdown(heads))

@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
+from transformers.trainer_utils import TrainOutput
 
 from pipeline.data import prep
 from pipeline.errors import MemoryAlert, TrainingFailed
@@ -96,8 +97,12 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
     if resume:
         log.info("resuming %s from %s", out_dir.name, resume)
     trainer.add_callback(preempt.PreemptCallback())
+    trainer.add_callback(NoStepPastTheEnd())
     with disk_errors_explained(out_dir / "model"):
-        result = trainer.train(resume_from_checkpoint=resume)
+        try:
+            result = trainer.train(resume_from_checkpoint=resume)
+        except _Finished:  # resumed from the last step's checkpoint: its weights are the trained model
+            result = TrainOutput(trainer.state.global_step, None, {"train_runtime": 0.0})
         preempt.check(f"in {out_dir.name} at step {trainer.state.global_step} (checkpoint in {work_dir})")
         if telemetry.memory_stop:
             raise MemoryAlert(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name} at step "
@@ -162,6 +167,19 @@ def parallelism(accelerator: Any) -> dict:
 
 
 COMPLETE = ".complete"  # the marker written last into a complete Trainer checkpoint
+
+
+class _Finished(Exception):
+    """The training had already taken its last step when it resumed."""
+
+
+class NoStepPastTheEnd(TrainerCallback):
+    """Before a step: stop when the training has taken all its steps. transformers checks the end only after a
+    step, so resuming from the checkpoint of the last step would train one step more than `max_steps`."""
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
+        if 0 < state.max_steps <= state.global_step:
+            raise _Finished
 
 
 class CheckpointMarker(TrainerCallback):
