@@ -9,7 +9,7 @@ optimizer states). On CPU `bf16` runs torch's CPU autocast (fp32 parameters and 
 A step whose gradients are not finite (a NaN/inf loss backpropagates into them) is skipped: `NonFiniteGuard`
 drops every gradient before the optimizer step (torch optimizers leave a parameter without a gradient
 untouched, its Adam moments included) and counts it; past the stage's `nonfinite_limit` the stage stops
-with `NonFiniteLimit` (exit code 4: change the recipe, e.g. the learning rate, before rerunning).
+with `NonFiniteLimit` (exit code 4: change the recipe, e.g. the learning rate, and redo the stage).
 """
 
 from __future__ import annotations
@@ -130,4 +130,5 @@ class NonFiniteGuard(TrainerCallback):
         if self.count > self.limit:
             raise NonFiniteLimit(f"{self.count} optimizer steps had non-finite losses or gradients (nonfinite_limit="
                                  f"{self.limit}); the training diverged: lower the learning rate, raise warmup or use "
-                                 "fp32/bf16, then rerun (it resumes from the last checkpoint)")
+                                 "fp32/bf16 and add redo=[<stage>] (the stage trains again from its input), or "
+                                 "raise nonfinite_limit and rerun (it resumes from the last checkpoint)")
