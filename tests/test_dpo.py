@@ -154,7 +154,7 @@ def test_merge_is_the_weighted_soup_and_midtrain(sweep_run):
     merged = json.loads((run / "stages/03-dpo/candidates/merge/stage.json").read_text())
     assert merged["config"]["weights"] == [0.9, 0.1]
     assert merged["config"]["sources"][0].endswith("candidates/soup/model")
-    soup, mid = (load_file(str(Path(p) / "model.safetensors")) for p in merged["config"]["sources"])
+    soup, mid = (load_file(str(run / p / "model.safetensors")) for p in merged["config"]["sources"])  # run-relative
     out = load_file(str(run / "stages/03-dpo/candidates/merge/model/model.safetensors"))
     for key, value in out.items():
         assert torch.allclose(value, 0.9 * soup[key] + 0.1 * mid[key], atol=1e-6)

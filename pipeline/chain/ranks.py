@@ -14,7 +14,7 @@ Every rank sends what it found to every other (an all-gather), so every rank rea
 the same `ConfigError` (exit 2, flagged `every_rank`: pipeline/run.py prints it once per machine), and none is
 left waiting at a collective. The message names each rank that differs, its host and what differs:
 
-    rank 1 on node-b does not see the run folder /scratch/runs/tiny that rank 0 on node-a writes: output_root
+    rank 1 on node-b does not see the run folder /scratch/runs/exp1 that rank 0 on node-a writes: output_root
     and cache_dir must be on a filesystem every node shares
 
 Decisions that follow are made the same way: `collectively` runs a check on every rank and raises any rank's
