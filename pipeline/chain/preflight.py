@@ -159,15 +159,13 @@ def lora_targets(cfg: DictConfig) -> None:
     import peft
     import torch
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.model.trust_remote_code)
+    from pipeline.train.models import empty_model
+
     for name in stages:
-        lora, classifier = cfg[name].lora, name == "reward"
-        auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+        lora = cfg[name].lora
         with init_empty_weights():
-            model = auto.from_config(config, trust_remote_code=cfg.model.trust_remote_code, attn_implementation="eager",
-                                     **({"num_labels": 1} if classifier else {}))
+            model = empty_model(folder, cfg.model, "classifier" if name == "reward" else "causal")
             try:
                 peft.inject_adapter_in_model(peft.LoraConfig(r=lora.r, target_modules=lora.target_modules), model)
             except ValueError as err:  # peft's NoMatchingPeftModuleError is one

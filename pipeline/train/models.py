@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from pipeline.config import ConfigError
 from pipeline.data import chat
@@ -42,6 +42,15 @@ def load_tokenizer(path: str | Path, model_cfg: Any, need_template: bool = False
     if need_template and not tok.chat_template:
         raise ConfigError(f"tokenizer of {path} has no chat template; set model.chat_template=chatml or a Jinja file")
     return with_pad_token(tok)
+
+
+def empty_model(path: str | Path, model_cfg: Any, kind: str = "causal") -> Any:
+    """The `kind` model of the checkpoint config at `path`, built from its config alone (no weights are read;
+    inside accelerate's `init_empty_weights` it takes no memory either): for checks of its module names."""
+    cls, defaults = KINDS[kind]
+    config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+    return cls.from_config(config, trust_remote_code=model_cfg.trust_remote_code, attn_implementation="eager",
+                           **defaults)
 
 
 def load_model(path: str | Path, model_cfg: Any, kind: str = "causal", saved: bool = False,
