@@ -51,15 +51,16 @@ def test_memory_alert_on_one_rank_stops_every_rank_with_its_own_code_and_the_adv
     assert "memory alert: " in ranks[0][1] and "gradient_accumulation_steps" in ranks[0][1]
     outcome = json.loads((tmp_path / "out/tiny/outcome.json").read_text())
     assert (outcome["exit_code"], outcome["outcome"]) == (5, "memory_alert")
+    work = tmp_path / "out/tiny/stages/01-sft/work"
+    assert [p.name for p in work.glob("checkpoint-*")] == ["checkpoint-1"]  # stopped at the first step, together
+    record = tmp_path / "out/tiny/stages/01-sft/stage.json"
+    assert not record.exists() or json.loads(record.read_text())["status"] != "done"
     batch = next(int(a.split("=")[1]) for a in args[::-1] if a.startswith("sft.per_device_train_batch_size="))
     traded = [f"sft.per_device_train_batch_size={batch // 2}", "sft.gradient_accumulation_steps=2"]
     ranks = launch_two_ranks([*args, *traded], {}, tmp_path)
     assert [code for code, _ in ranks] == [0, 0], [log[-2000:] for _, log in ranks]
     assert "resuming 01-sft from" in ranks[0][1] and "checkpoint-1" in ranks[0][1]
-    work = tmp_path / "out/tiny/stages/01-sft/work"
-    assert [p.name for p in work.glob("checkpoint-*")] == ["checkpoint-1"]  # stopped at the first step, together
-    record = tmp_path / "out/tiny/stages/01-sft/stage.json"
-    assert not record.exists() or json.loads(record.read_text())["status"] != "done"
+    assert json.loads(record.read_text())["status"] == "done"
 
 
 def test_step_breakdown_of_a_packed_stage(tmp_path, cache_dir, tiny_base):
