@@ -31,8 +31,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import DPOConfig, DPOTrainer, SFTTrainer
 
-from pipeline.config import DpoConfig, ModelConfig, TrainConfig
+from pipeline.config import ModelConfig
 from pipeline.stages import sft
+from pipeline.stages.dpo import DpoSettings as DpoConfig
+from pipeline.stages.sft import SftSettings as TrainConfig
 from pipeline.train import trainer as training
 from pipeline.train.flops import flops_per_token, peak_flops
 from pipeline.train.models import load_model
@@ -83,7 +85,7 @@ def sft_row(path: Path, tok, shape: dict, length: int, attn: str, offload: bool,
     """One SFT measurement: tokens/s, MFU, peak memory and the last loss."""
     stage = OmegaConf.structured(TrainConfig(
         mixture="random", format="text", packing=True, packing_strategy="bfd", padding_free=True,
-        assistant_only_loss=False, activation_checkpointing=False, activation_offloading=offload, max_steps=STEPS,
+        assistant_only_loss=False, gradient_checkpointing=False, activation_offloading=offload, max_steps=STEPS,
         logging_steps=1, save_steps=10_000, max_length=length, per_device_train_batch_size=1, warmup_ratio=0))
     model_cfg = OmegaConf.structured(ModelConfig(name_or_path=str(path), attn_implementation=attn))
     data = documents(length, shape["vocab_size"], length * (STEPS + 2))
@@ -108,7 +110,7 @@ def dpo_row(path: Path, tok, length: int, work: Path) -> dict:
     """Seconds per DPO step (sigmoid loss, reference log-probs on the fly), prompt and answers length/2 words."""
     stage = OmegaConf.structured(DpoConfig(mixture="random", max_steps=STEPS, logging_steps=1, save_steps=10_000,
                                            per_device_train_batch_size=2, max_length=length,
-                                           activation_checkpointing=False, warmup_ratio=0))
+                                           gradient_checkpointing=False, warmup_ratio=0))
     model_cfg = OmegaConf.structured(ModelConfig(name_or_path=str(path)))
     rng = random.Random(0)
 

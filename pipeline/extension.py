@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 
 
 @functools.cache

@@ -22,7 +22,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from pipeline import errors, redact  # noqa: E402
-from pipeline.config import DEFAULT_RECIPE, STAGE_KINDS, available_recipes, describe, load_config  # noqa: E402
+from pipeline.config import (  # noqa: E402
+    DEFAULT_RECIPE,
+    available_recipes,
+    describe,
+    load_config,
+    stage_names,
+    swept_candidate,
+)
 from pipeline.errors import ConfigError, MemoryAlert, Preempted, TrainingFailed  # noqa: E402
 
 BAD_INPUT_GRACE_S = 10  # how long a rank other than the main one waits before it exits on bad input
@@ -76,7 +83,7 @@ def _recipe_line(name: str) -> str:
         return f"  {name:<9} (does not load: {err})"
     stages = ", ".join(s for s in cfg.stages if cfg[s].enabled)
     model = cfg.model.name_or_path
-    model = f"{model}, built locally" if model in cfg and model not in ("model", *STAGE_KINDS) else model
+    model = f"{model}, built locally" if model in cfg and model not in ("model", *stage_names(cfg)) else model
     return f"  {name:<9} model {model}; stages {stages}"
 
 
@@ -126,11 +133,11 @@ def run(cfg, argv: list[str]) -> int:
     """Run the chain on a parsed config; record the outcome (main process); return the exit code."""
     from pipeline.chain.orchestrator import run_pipeline
     from pipeline.chain.outcome import Outcome
-    from pipeline.runfolder import run_dir
+    from pipeline.runfolder import RunPaths, run_dir
 
     root, main = run_dir(cfg), _main_process()
     redact.remember(cfg)  # secret values of the config are scrubbed from log lines, the outcome and tracebacks
-    outcome, last_error = Outcome(root, cfg.dpo.sweep.candidate, argv), _LastError()
+    outcome, last_error = Outcome(root, swept_candidate(cfg), argv), _LastError()
     logger = logging.getLogger("pipeline")
     logger.addFilter(last_error)
     held = []  # the run lock, once the main process holds it: only then are the outcome and log this run's
@@ -156,7 +163,7 @@ def run(cfg, argv: list[str]) -> int:
             _tell(f"training failed: {err}", own=True)
         except Exception as err:  # noqa: BLE001 - a crash: logged with its traceback, then exit 1
             code, reason = errors.CRASHED, f"{type(err).__name__}: {err}".splitlines()[0]
-            _crashed(root / "pipeline.log" if held else None, reason)
+            _crashed(RunPaths(root).log if held else None, reason)
         finally:
             logger.removeFilter(last_error)
         if held:  # a run refused by another's lock writes nothing into its run folder

@@ -5,6 +5,10 @@ fingerprint, and what the orchestrator hands a stage.
     <output_root>/<run_name>/stages/NN-name/{model/, stage.json}  one folder per enabled stage, NN from 01
     .../stages/NN-name/candidates/<id>/{model/, stage.json}      a sweep's candidates (grid, soup, merge)
 
+This is the one module that names a file or folder inside the run folder (`tests/test_runfolder_paths.py`): the
+run's own files (`RunPaths`), a stage's or candidate's folder (`model_dir`, `work_dir`, `samples_dir`, ...) and
+what a stage prepares in it (`StageContext`'s paths). The files inside a checkpoint (`model/`) are its format's.
+
 `stage.json` is read and written here only (`StageRecord`); a field that is None is left out of the file. Its model
 paths inside the run folder are stored relative to it (`stages/01-sft/model`) and resolved when read, so a moved run
 folder resumes; a path outside it (the base model) is stored as given.
@@ -20,10 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.files import read_json, write_json
+from pipeline.files import RunLock, read_json, write_json
 
 BASE = "00-base"
 RECORD = "stage.json"
+STAGES = "stages"  # the run folder's folder of stage folders
 FINISHED = ("trained", "done")  # trained: its model is saved; done: scored too
 MODEL_PATHS = ("input_model", "output_model")  # record fields stored relative to the run folder when inside it
 
@@ -33,14 +38,83 @@ def run_dir(cfg: DictConfig) -> Path:
     return Path(cfg.output_root) / cfg.run_name
 
 
+@dataclass(frozen=True)
+class RunPaths:
+    """The files and folders at the top of the run folder `root` (`<output_root>/<run_name>`)."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> RunPaths:
+        """The paths of the run folder of the config `cfg`."""
+        return cls(run_dir(cfg))
+
+    @property
+    def stages(self) -> Path:
+        """`stages/`: one folder per stage, `00-base` first; a folder without it is no run folder."""
+        return Path(self.root) / STAGES
+
+    @property
+    def log(self) -> Path:
+        """`pipeline.log`: the pipeline's lines and the libraries' records."""
+        return Path(self.root) / "pipeline.log"
+
+    @property
+    def resolved_config(self) -> Path:
+        """`resolved.yaml`: the run's config as loaded, secrets redacted."""
+        return Path(self.root) / "resolved.yaml"
+
+    @property
+    def manifest(self) -> Path:
+        """`manifest.json`: the invocation, code version, hardware and data (`chain/manifest.py`)."""
+        return Path(self.root) / "manifest.json"
+
+    @property
+    def eval_tasks(self) -> Path:
+        """`eval_tasks/`: the lm-eval task files written for this run."""
+        return Path(self.root) / "eval_tasks"
+
+    @property
+    def write_probe(self) -> Path:
+        """`.write-test`: the file the start writes (under a temporary name) to check the folder is writable."""
+        return Path(self.root) / ".write-test"
+
+    @property
+    def trackio(self) -> Path:
+        """`trackio/`: trackio's database, unless `TRACKIO_DIR` says otherwise."""
+        return Path(self.root) / "trackio"
+
+    @property
+    def mlruns(self) -> Path:
+        """`mlruns/`: MLflow's file store, unless `MLFLOW_TRACKING_URI` says otherwise."""
+        return Path(self.root) / "mlruns"
+
+    def outcome(self, candidate: tuple[str, int] | None = None) -> Path:
+        """`outcome.json`, or `outcome-<stage>-candidate-<i>.json` for one sweep candidate (`chain/outcome.py`)."""
+        name = "outcome.json" if candidate is None else f"outcome-{candidate[0]}-candidate-{candidate[1]}.json"
+        return Path(self.root) / name
+
+    def lock(self, candidate: tuple[str, int] | None = None) -> RunLock:
+        """The run's lock (`RunLock`'s own file), or for one sweep candidate (`(stage, index)`: a Slurm array task
+        sharing the folder) a lock of its own."""
+        if candidate is None:
+            return RunLock(self.root)
+        return RunLock(self.root, f".lock-{candidate[0]}-candidate-{candidate[1]}")
+
+
+def leaderboard_file(folder: Path, fmt: str) -> Path:
+    """`leaderboard.<fmt>` (csv, json, md, html) in `folder`: the run folder, or the leaderboard command's `--out`."""
+    return Path(folder) / f"leaderboard.{fmt}"
+
+
 def stage_dir(root: Path, index: int, name: str) -> Path:
     """`stages/NN-name` of the run folder `root` (`index` counts enabled stages from 1)."""
-    return Path(root) / "stages" / f"{index:02d}-{name}"
+    return Path(root) / STAGES / f"{index:02d}-{name}"
 
 
 def base_dir(root: Path) -> Path:
     """`stages/00-base`: the base model's evaluation."""
-    return Path(root) / "stages" / BASE
+    return Path(root) / STAGES / BASE
 
 
 def candidate_dir(stage: Path, candidate: str) -> Path:
@@ -48,10 +122,56 @@ def candidate_dir(stage: Path, candidate: str) -> Path:
     return Path(stage) / "candidates" / candidate
 
 
+def candidate_folders(stage: Path) -> list[Path]:
+    """The folders of a sweep stage's candidates, in id order (empty for other stages)."""
+    return sorted(c for c in (Path(stage) / "candidates").glob("*") if c.is_dir())
+
+
+def model_dir(folder: Path) -> Path:
+    """`model/` of a stage's or candidate's folder: its trained (or selected) checkpoint."""
+    return Path(folder) / "model"
+
+
+def work_dir(folder: Path) -> Path:
+    """`work/` of a stage's or candidate's folder: the trainer's checkpoints, removed once the record says trained."""
+    return Path(folder) / "work"
+
+
+def samples_dir(folder: Path) -> Path:
+    """`eval/` of a stage's or candidate's folder: where scoring its model keeps the per-problem samples."""
+    return Path(folder) / "eval"
+
+
+def samples_file(scored: Path, task: str) -> Path:
+    """`samples_<task>.jsonl` in the eval folder `scored` (`samples_dir`): lm-eval's per-problem rows of `task`."""
+    return Path(scored) / f"samples_{task}.jsonl"
+
+
+def logs_dir(folder: Path) -> Path:
+    """`logs/` of a stage's or candidate's folder: TensorBoard's event files (they outlive `work/`)."""
+    return Path(folder) / "logs"
+
+
+def stale_children(folder: Path, keep_prepared: bool) -> list[Path]:
+    """What a stage's folder holds that training it from scratch removes: all but its model, its candidates and
+    its record; the data it prepared (pairs, samples) stays when `keep_prepared` (prepared for the same inputs)."""
+    kept, redone = {"model", "candidates", RECORD}, {"work", "eval"}
+    return sorted(c for c in Path(folder).iterdir() if c.name not in kept and (not keep_prepared or c.name in redone))
+
+
 def run_root(folder: Path) -> Path | None:
     """The run folder holding a stage's or a sweep candidate's `folder` (the parent of its nearest `stages`
     folder), or None outside a run folder."""
-    return next((p.parent for p in Path(folder).parents if p.name == "stages"), None)
+    return next((p.parent for p in Path(folder).parents if p.name == STAGES), None)
+
+
+def stage_label(folder: Path, root: Path) -> str | None:
+    """`NN-stage` or `NN-stage/<candidate>` of a stage's or candidate's `folder` in the run folder `root` (both
+    resolved); None when `folder` is not in its `stages/`."""
+    stages = Path(root) / STAGES
+    if not Path(folder).is_relative_to(stages):
+        return None
+    return "/".join(p for p in Path(folder).relative_to(stages).parts if p != "candidates")
 
 
 def stored_path(path: str | Path, root: Path | None) -> str:
@@ -67,7 +187,7 @@ def stored_path(path: str | Path, root: Path | None) -> str:
 def resolved_path(value: str, root: Path | None) -> str:
     """A stored model path as a usable one: a path relative to the run folder (`stages/...`) joined to `root`;
     anything else (an absolute path, a Hub id) as it is."""
-    if root is None or os.path.isabs(value) or Path(value).parts[:1] != ("stages",):
+    if root is None or os.path.isabs(value) or Path(value).parts[:1] != (STAGES,):
         return value
     return str(Path(root) / value)
 
@@ -84,7 +204,7 @@ def drop_work(folder: Path) -> None:
 
     with main_writes() as main:
         if main:
-            shutil.rmtree(Path(folder) / "work", ignore_errors=True)
+            shutil.rmtree(work_dir(folder), ignore_errors=True)
 
 
 @dataclass
@@ -153,19 +273,19 @@ class StageRecord:
 
 def stage_folders(root: Path) -> list[Path]:
     """Every stage folder of the run `root` in chain order, `00-base` first."""
-    return sorted(p for p in (Path(root) / "stages").glob("*") if p.is_dir())
+    return sorted(p for p in (Path(root) / STAGES).glob("*") if p.is_dir())
 
 
 def candidates(stage: Path) -> dict[str, StageRecord]:
     """`{id: record}` of a sweep stage's candidates, in id order (empty for other stages)."""
-    return {c.name: StageRecord.read(c) for c in sorted((Path(stage) / "candidates").glob("*")) if c.is_dir()}
+    return {c.name: StageRecord.read(c) for c in candidate_folders(stage)}
 
 
 def eval_dir(stage: Path) -> Path:
     """Where a stage's scored model kept its samples: `eval/`, or, when a sweep's selection was all the scoring
     (no `eval/` of the stage's own), the selected candidate's `eval/`."""
-    selected, own = StageRecord.read(stage).selected, Path(stage) / "eval"
-    return candidate_dir(stage, selected) / "eval" if selected and not own.is_dir() else own
+    selected, own = StageRecord.read(stage).selected, samples_dir(stage)
+    return samples_dir(candidate_dir(stage, selected)) if selected and not own.is_dir() else own
 
 
 def input_stage(stage: Path) -> Path | None:
@@ -189,13 +309,13 @@ class Trained:
 def finished(record: StageRecord, folder: Path, fingerprint: str | None = None) -> bool:
     """Whether `folder` holds a saved model from a finished record (with this fingerprint, when given)."""
     same = fingerprint is None or record.fingerprint == fingerprint
-    return record.status in FINISHED and same and (Path(folder) / "model").is_dir()
+    return record.status in FINISHED and same and model_dir(folder).is_dir()
 
 
 def earlier_stage_model(stage: Path, name: str) -> Path | None:
     """The finished `model/` of the stage `name` in the same run (the latest if listed twice), or None."""
-    found = sorted(p for p in Path(stage).parent.glob(f"*-{name}") if p != stage and (p / "model").is_dir())
-    return found[-1] / "model" if found else None
+    found = sorted(p for p in Path(stage).parent.glob(f"*-{name}") if p != stage and model_dir(p).is_dir())
+    return model_dir(found[-1]) if found else None
 
 
 @dataclass
@@ -222,3 +342,53 @@ class StageContext:
         """This stage's config section (with a candidate's overrides)."""
         section = self.cfg[self.name]
         return OmegaConf.merge(section, self.overrides) if self.overrides else section
+
+    @property
+    def model_dir(self) -> Path:
+        """`model/` of `out_dir`: where the stage (or candidate) saves the model it trains."""
+        return model_dir(self.out_dir)
+
+    @property
+    def work_dir(self) -> Path:
+        """`work/` of `out_dir`: the trainer's checkpoints, removed once the record says trained."""
+        return work_dir(self.out_dir)
+
+    @property
+    def pairs_dir(self) -> Path:
+        """`pairs/` of the stage: its preference pairs as a dataset (prepared once for every candidate)."""
+        return Path(self.stage_dir) / "pairs"
+
+    @property
+    def ref_pairs_dir(self) -> Path:
+        """`pairs_ref/` of the stage: the pairs tokenised with the reference model's log-probs."""
+        return Path(self.stage_dir) / "pairs_ref"
+
+    @property
+    def reference_dir(self) -> Path:
+        """`reference/` of the stage: the output folder of the trainer that computes the reference log-probs
+        (it trains and keeps nothing; removed afterwards)."""
+        return Path(self.stage_dir) / "reference"
+
+    @property
+    def on_policy_pairs(self) -> Path:
+        """`on_policy_pairs.jsonl` of the stage: pairs sampled from the input model, one JSON object a line."""
+        return Path(self.stage_dir) / "on_policy_pairs.jsonl"
+
+    @property
+    def on_policy_stats(self) -> Path:
+        """`on_policy_stats.json` of the stage: what sampling the on-policy pairs found."""
+        return Path(self.stage_dir) / "on_policy_stats.json"
+
+    @property
+    def value_model_dir(self) -> Path:
+        """`value_model/` of `out_dir`: PPO's trained value model."""
+        return Path(self.out_dir) / "value_model"
+
+    @property
+    def history_file(self) -> Path:
+        """`history.json` of `out_dir`: PPO's per-update history."""
+        return Path(self.out_dir) / "history.json"
+
+    def updates_log(self, rank: int) -> Path:
+        """`updates-rank<i>.jsonl` of `out_dir`: the PPO updates process `rank` logged."""
+        return Path(self.out_dir) / f"updates-rank{rank}.jsonl"

@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from pipeline.config import STAGE_KINDS, ConfigError, available_recipes, load_config
+from pipeline.config import ConfigError, available_recipes, kind_of, load_config, stage_names
 from pipeline.data.mixtures import load_spec, stage_mixtures
 
 CASES = [
@@ -26,12 +26,14 @@ CASES = [
     (["stages=sft"], "bad value for 'stages'", "'sft' is not a list, e.g. [a,b]"),
     (["sft.lora=8"], "'sft.lora' in command line is a section", "sft.lora.KEY=value"),
     (["report_to=[tensorbord]"], "unknown tracker 'tensorbord'", "did you mean 'tensorboard'?"),
-    (["stages=[sft,dpx]"], "unknown stage 'dpx'", "available: sft, midtrain"),
+    (["stages=[sft,dpx]"], "unknown stage 'dpx'", "or a section of your own naming its kind: dpx: {kind: sft"),
+    (["sft.kind=dpo"], "'sft.kind' is 'dpo': a section's kind is fixed", "name a new section for another kind"),
+    (["stages=[sft,x]", "x.kind=spt"], "'x.kind' is 'spt': not a stage kind", "did you mean 'sft'?"),
     (["stages=[]"], "'stages' is empty", "sft"),
     (["redo=[sfft]"], "unknown stage 'sfft'", "did you mean 'sft'"),
     (["modle.name_or_path=x"], "unknown config key 'modle'", "did you mean 'model'"),
     (["sft.packing_strategy=best"], "'sft.packing_strategy' is 'best'", "bfd"),
-    (["sft.sampling=sorted"], "'sft.sampling' is 'sorted'", "group_by_length"),
+    (["sft.train_sampling_strategy=sorted"], "'sft.train_sampling_strategy' is 'sorted'", "group_by_length"),
     (["sft.matmul_precision=bf16"], "'sft.matmul_precision' is 'bf16'", "highest, high, medium"),
     (["tiny.matmul_precision=low"], "'tiny.matmul_precision' is 'low'", "medium"),
     (["sft.max_length=0"], "'sft.max_length' must be > 0", ""),
@@ -53,26 +55,33 @@ def test_bad_config_is_one_clear_error(argv, first, second):
     message = str(err.value)
     assert first in message and second in message
     assert "\n" not in message
-    assert not re.search(r"Config\b|Float|Integer|\bstr\b|<class", message), message  # no Python class names
+    plain = re.sub(r"TRL's \w+Config\b", "", message)  # the TRL class a stage's other keys pass to
+    assert not re.search(r"Config\b|Float|Integer|\bstr\b|<class", plain), message  # no Python class names
 
 
 def test_cli_exits_2_before_torch_is_imported():
     code = (
-        "import sys; from pipeline.run import main; rc = main(['sft.learnin_rate=3e-4']); "
+        "import sys; from pipeline.run import main; rc = main(['eval.taks=[x]']); "
         "assert 'torch' not in sys.modules, 'torch imported before the config error'; sys.exit(rc)"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert lines == ["error: unknown config key 'sft.learnin_rate' in command line; did you mean 'sft.learning_rate'?"]
+    assert lines == ["error: unknown config key 'eval.taks' in command line; did you mean 'eval.tasks'?"]
 
 
-def test_stage_registry_is_the_config_sections():
-    """Every stage section of the config names its module; the stage table is built from that list alone."""
-    from pipeline.stages import STAGES
+def test_stage_kinds_register_themselves_and_each_has_a_section():
+    """Every module of pipeline/stages/ that defines KIND (or KINDS) is a kind, with a config section of its name;
+    a chain may hold several stages of one kind, each a section naming it."""
+    from pipeline.stages import kinds
 
-    assert STAGE_KINDS == ("sft", "midtrain", "dpo", "reward", "ppo", "grpo") == tuple(STAGES)
-    assert STAGES["midtrain"] is STAGES["sft"] and STAGES["reward"].__module__ == "pipeline.stages.reward_model"
+    assert set(kinds()) == {"sft", "midtrain", "dpo", "kto", "orpo", "reward", "ppo", "grpo"}
+    assert type(kinds()["reward"]).__module__ == "pipeline.stages.reward_model"
+    cfg = load_config(["recipe=tiny", "stages=[sft,sft_long]", "sft_long.kind=sft", "sft_long.mixture=tiny_sft",
+                       "sft_long.max_length=512"])
+    assert set(kinds()) <= set(stage_names(cfg)) and "sft_long" in stage_names(cfg)
+    assert kind_of(cfg, "sft_long") is kinds()["sft"] and cfg.sft_long.max_length == 512
+    assert cfg.sft_long.learning_rate == pytest.approx(2e-5)  # the kind's defaults, not the recipe's sft section
 
 
 @pytest.mark.parametrize("recipe", available_recipes())
@@ -80,7 +89,7 @@ def test_every_shipped_recipe_and_its_mixtures_validate(recipe):
     cfg = load_config([f"recipe={recipe}"])
     assert cfg.run_name == recipe
     for stage in cfg.stages:
-        assert stage in STAGE_KINDS
+        assert stage in stage_names(cfg)
         for mixture in stage_mixtures(cfg, stage):
             assert load_spec(mixture).sources
 
@@ -121,6 +130,6 @@ def test_every_shipped_recipe_has_gates_its_eval_produces(recipe, tmp_path):
 def test_length_grouped_sampling_reaches_the_trainer(tmp_path):
     from pipeline.stages.sft import sft_args
 
-    cfg = load_config(["recipe=tiny", "sft.sampling=group_by_length"])
+    cfg = load_config(["recipe=tiny", "sft.train_sampling_strategy=group_by_length"])
     assert sft_args(cfg.sft, tmp_path, 0, "fp32").train_sampling_strategy == "group_by_length"
     assert sft_args(cfg.midtrain, tmp_path, 0, "fp32").train_sampling_strategy == "random"

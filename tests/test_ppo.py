@@ -238,7 +238,7 @@ def test_reward_stage_then_ppo_with_the_reward_model(tmp_path, cache_dir):
     proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST,
                    "stages=[sft,reward,ppo]", f"reward.mixture={mixture}", "reward.learning_rate=1e-4",
                    "reward.max_steps=40", "reward.per_device_train_batch_size=8", "reward.max_length=256",
-                   "reward.activation_checkpointing=false", "reward.logging_steps=5",
+                   "reward.gradient_checkpointing=false", "reward.logging_steps=5",
                    "ppo.mixture=tiny_rl", "ppo.reward=model", "ppo.reward_model=reward", "ppo.value_init=reward_model",
                    "ppo.max_steps=2", "ppo.rollout_batch_size=8", "ppo.num_minibatches=2", "ppo.ppo_epochs=1",
                    "ppo.max_new_tokens=48", "ppo.learning_rate=1e-5", "ppo.logging_steps=1", "ppo.save_steps=1")
@@ -260,7 +260,7 @@ def test_ppo_and_grpo_stages_with_the_verifiable_reward(tmp_path, cache_dir):
                    "stages=[sft,ppo,grpo]", "ppo.mixture=tiny_rl", "ppo.max_steps=2", "ppo.rollout_batch_size=8",
                    "ppo.num_minibatches=2", "ppo.max_new_tokens=48", "ppo.learning_rate=1e-5", "ppo.kl_target=0.1",
                    "grpo.mixture=tiny_rl", "grpo.max_steps=2", "grpo.per_device_train_batch_size=4",
-                   "grpo.num_generations=4", "grpo.max_new_tokens=48", "grpo.activation_checkpointing=false",
+                   "grpo.num_generations=4", "grpo.max_new_tokens=48", "grpo.gradient_checkpointing=false",
                    "grpo.logging_steps=1")
     assert proc.returncode == 0, proc.stderr[-4000:]
     ppo = json.loads((tmp_path / "tiny/stages/02-ppo/stage.json").read_text())["metrics"]

@@ -19,9 +19,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import SFTTrainer
 
-from pipeline.config import ConfigError, ModelConfig, TrainConfig
+from pipeline.config import ConfigError, ModelConfig
 from pipeline.data import tokcache
 from pipeline.stages import sft
+from pipeline.stages.sft import SftSettings
 from pipeline.train import precision
 from pipeline.train import trainer as training
 from pipeline.train.models import load_model
@@ -49,10 +50,10 @@ def micro(tmp_path_factory) -> tuple[Path, PreTrainedTokenizerFast, datasets.Dat
     return path, tok, datasets.Dataset.from_list(rows)
 
 
-def _stage(**kw) -> TrainConfig:
-    return OmegaConf.structured(TrainConfig(
+def _stage(**kw) -> SftSettings:
+    return OmegaConf.structured(SftSettings(
         mixture="micro", format="text", packing_strategy="wrapped", assistant_only_loss=False,
-        activation_checkpointing=False, logging_steps=1, max_length=64, per_device_train_batch_size=4,
+        gradient_checkpointing=False, logging_steps=1, max_length=64, per_device_train_batch_size=4,
         learning_rate=3e-3, warmup_ratio=0, save_steps=1000, **kw))
 
 

@@ -168,18 +168,18 @@ def test_full_disk_during_save_keeps_the_previous_checkpoint(reference, tmp_path
 
 
 def test_secrets_never_reach_run_files(tmp_path, cache_dir):
-    """Secrets in the environment and tokens given as config values (`<stage>.trainer.hub_token` on the command
+    """Secrets in the environment and tokens given as config values (`<stage>.hub_token` on the command
     line) reach no file of the run folder; the token still reaches the trainer, and changing it changes no
     fingerprint (the finished stage is reused)."""
     env = {"HF_TOKEN": "hf_PLANTEDsecret123", "WANDB_API_KEY": "wandbPLANTED456"}
-    cli = {"sft.trainer.hub_token": "hf_CLIplanted789", "dpo.trainer.hub_token": "hf_DPOplanted000"}
+    cli = {"sft.hub_token": "hf_CLIplanted789", "dpo.hub_token": "hf_DPOplanted000"}
     args = _args(tmp_path, cache_dir, "sft.max_steps=2", "eval.limit=4", *(f"{k}={v}" for k, v in cli.items()))
     proc = run_cli(*args, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = tmp_path / "tiny"
     record = json.loads((run / "stages/01-sft/stage.json").read_text())
-    assert record["config"]["trainer"] == {"hub_token": "<redacted>"}
-    assert "sft.trainer.hub_token=<redacted>" in json.loads((run / "manifest.json").read_text())["argv"]
+    assert record["config"]["hub_token"] == "<redacted>"
+    assert "sft.hub_token=<redacted>" in json.loads((run / "manifest.json").read_text())["argv"]
     again = run_cli(*[a.replace("hf_CLIplanted789", "hf_CLIchanged246") for a in args])  # a new token: reused
     assert again.returncode == 0 and "reusing finished stage" in again.stderr, again.stderr[-2000:]
     planted = [*env.values(), *cli.values(), "hf_CLIchanged246"]
@@ -200,7 +200,7 @@ def test_the_trainer_gets_the_token_and_its_pickle_does_not(tmp_path):
 
     from pipeline.train.trainer import trl_config
 
-    stage = OmegaConf.create({"trainer": {"hub_token": "hf_INMEMORYonly1"}})
+    stage = OmegaConf.create({"hub_token": "hf_INMEMORYonly1"})
     args = trl_config(SFTConfig, stage, {"output_dir": str(tmp_path), "use_cpu": True})
     assert args.hub_token == "hf_INMEMORYonly1" and f"Bearer {args.hub_token}" == "Bearer hf_INMEMORYonly1"
     saved = io.BytesIO()

@@ -120,8 +120,8 @@ def test_an_interrupted_stage_with_another_fingerprint_is_refused_naming_the_cha
     assert _actions(root, "sft.learning_rate=3e-5", "redo=[sft]")[0] == "train"
 
 
-RESUMABLE = ["sft.logging_steps=7", "sft.save_steps=15", "sft.nonfinite_limit=3", "sft.activation_checkpointing=false",
-             "sft.trainer.logging_first_step=false", "sft.trainer.dataloader_num_workers=2"]
+RESUMABLE = ["sft.logging_steps=7", "sft.save_steps=15", "sft.nonfinite_limit=3", "sft.gradient_checkpointing=false",
+             "sft.logging_first_step=false", "sft.dataloader_num_workers=2"]
 
 
 def test_settings_a_resume_may_change_leave_every_fingerprint_as_it_was(tmp_path):

@@ -14,7 +14,7 @@ from pipeline.train.models import load_model, load_tokenizer
 
 
 def test_batch_rebalance_sorts_each_steps_rows_into_its_micro_batches(tiny_base, cache_dir, tmp_path):
-    cfg = load_config(["recipe=tiny", f"cache_dir={cache_dir}", *FAST, "sft.sampling=batch_rebalance",
+    cfg = load_config(["recipe=tiny", f"cache_dir={cache_dir}", *FAST, "sft.train_sampling_strategy=batch_rebalance",
                        "sft.per_device_train_batch_size=8", "sft.gradient_accumulation_steps=2"])
     tok = load_tokenizer(tiny_base, cfg.model, need_template=True)
     rows = tokcache.tokenised(load_mixture(cfg.sft.mixture, cfg).select(range(160)), cfg.sft, tok, tmp_path, "sft")

@@ -20,7 +20,7 @@ from pipeline import errors, faults, logs, redact
 from pipeline.chain import manifest, outcome, preflight, ranks, sweep
 from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
-from pipeline.config import stage_section
+from pipeline.config import kind_of, stage_section, sweeps, swept_candidate
 from pipeline.data import prep
 from pipeline.evaluation import gates, stats
 from pipeline.evaluation import lmeval as evaluate
@@ -29,16 +29,23 @@ from pipeline.report import headline, leaderboard, modelcard
 from pipeline.runfolder import (
     BASE,
     FINISHED,
-    RECORD,
+    RunPaths,
     StageContext,
     StageRecord,
     Trained,
     base_dir,
     candidate_dir,
+    candidate_folders,
     drop_work,
     eval_dir,
+    leaderboard_file,
+    model_dir,
     run_dir,
+    samples_dir,
+    samples_file,
     stage_folders,
+    stale_children,
+    work_dir,
 )
 from pipeline.train import preempt
 from pipeline.train.distributed import (
@@ -76,7 +83,7 @@ def open_run_dir(root: Path, lock: RunLock) -> str | None:
     except OSError as err:
         return f"cannot write the run folder {root}: {err.strerror or err}"
     try:
-        probe = temp_name(root / ".write-test")  # one per process: sweep array tasks share the folder
+        probe = temp_name(RunPaths(root).write_probe)  # one per process: sweep array tasks share the folder
         write_text(probe, "ok")
         probe.unlink()
     except OSError as err:
@@ -92,9 +99,9 @@ def tidy(root: Path) -> None:
     for path in remove_leftovers(root):
         log.info("removed %s, left by a writer that was stopped", path)
     for folder in stage_folders(root):
-        if StageRecord.read(folder).status in FINISHED and (folder / "model").is_dir() and (folder / "work").is_dir():
-            log.info("removing %s: the stage finished", folder / "work")
-            shutil.rmtree(folder / "work", ignore_errors=True)
+        if StageRecord.read(folder).status in FINISHED and model_dir(folder).is_dir() and work_dir(folder).is_dir():
+            log.info("removing %s: the stage finished", work_dir(folder))
+            shutil.rmtree(work_dir(folder), ignore_errors=True)
 
 
 class Run:
@@ -102,7 +109,8 @@ class Run:
 
     def __init__(self, cfg: DictConfig, root: Path, world_size: int, main: bool) -> None:
         self.cfg, self.root, self.world_size, self.main = cfg, root, world_size, main
-        self.tasks_dir = root / "eval_tasks"
+        self.paths = RunPaths(root)
+        self.tasks_dir = self.paths.eval_tasks
         self.history: list[tuple[str, dict]] = []  # (checkpoint, eval metrics) in chain order
         self.decisions: list[StageDecision] = []
         self._base: str | Path | None = None
@@ -147,7 +155,7 @@ class Run:
             log.info("stage 0: evaluating the base model")
             built = {"build_s": self.base_build_s} if self.base_build_s is not None else None
             StageRecord(stage="base", index=0, status="done", eval_fingerprint=efp, output_model=str(model),
-                        metrics=built, eval=self.evaluate(model, ev, folder / "eval")).write(folder)
+                        metrics=built, eval=self.evaluate(model, ev, samples_dir(folder))).write(folder)
             record = StageRecord.read(folder)
         self.history.append((BASE, record.scores()))
 
@@ -187,7 +195,8 @@ class Run:
     def print_headline(self) -> None:
         """Log the run's headline (`pipeline.report.headline`) and where its leaderboard is (main process)."""
         if self.main:
-            log.info("%sleaderboard: %s", headline.markdown(headline.build(self.root)), self.root / "leaderboard.html")
+            log.info("%sleaderboard: %s", headline.markdown(headline.build(self.root)),
+                     leaderboard_file(self.root, "html"))
 
 
 def _gate_half(record: StageRecord) -> str | None:
@@ -207,9 +216,9 @@ def run_pipeline(cfg: DictConfig, argv: list[str], on_lock: Callable[[RunLock], 
     share_cpu_threads()
     state = process_state(cfg.collective_timeout_s)
     prep.set_wait_limit(cfg.prep_timeout_s)
-    root, candidate = run_dir(cfg), cfg.dpo.sweep.candidate
+    root, candidate = run_dir(cfg), swept_candidate(cfg)
     # a single sweep candidate (a Slurm array task): array tasks share the run folder, one lock each
-    lock = RunLock(root) if candidate is None else RunLock(root, f".lock-dpo-candidate-{candidate}")
+    lock = RunPaths(root).lock(candidate)
     problem = [open_run_dir(root, lock) if state.is_main_process else None]
     broadcast_object_list(problem)
     if problem[0]:
@@ -238,19 +247,19 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
         from transformers import enable_full_determinism
 
         enable_full_determinism(cfg.seed)
-    logs.setup(run.root / "pipeline.log" if run.main else None, run.main)
+    logs.setup(run.paths.log if run.main else None, run.main)
     with main_writes() as main:
         if main:
             tidy(run.root)
             evaluate.write_tasks(cfg, run.tasks_dir)
     run.decisions = ranks.same_decisions(ranks.collectively(preflight.check, cfg, run.root, run.tasks_dir))
-    if cfg.dpo.sweep.candidate is not None:  # a single sweep candidate: nothing after dpo
-        run.decisions = run.decisions[: [d.name for d in run.decisions].index("dpo") + 1]
+    if one := swept_candidate(cfg):  # a single sweep candidate: nothing after its stage
+        run.decisions = run.decisions[: [d.name for d in run.decisions].index(one[0]) + 1]
     with main_writes() as main:
         if main:
-            write_text(run.root / "resolved.yaml", OmegaConf.to_yaml(redact.config(OmegaConf.to_container(cfg))))
+            write_text(run.paths.resolved_config, OmegaConf.to_yaml(redact.config(OmegaConf.to_container(cfg))))
             data = {d.name: d.data for d in run.decisions}
-            write_json(run.root / "manifest.json", manifest.build(cfg, argv, data, run.root))
+            write_json(run.paths.manifest, manifest.build(cfg, argv, data, run.root))
     log.info("run %s: recipe %s, %d stage(s), world size %d", run.root, cfg.recipe, len(run.decisions),
              run.world_size)
     return run
@@ -274,7 +283,7 @@ def _run_chain(run: Run) -> int:
             _score(run, d)
         if _gate_stops(run, d):
             return errors.GATE_STOP
-        model = d.dir / "model"
+        model = model_dir(d.dir)
     run.export()
     log.info("run finished in %s; final model: %s", logs.duration(time.time() - started), model)
     run.print_headline()
@@ -309,16 +318,13 @@ def _clear_stale(d: StageDecision) -> None:
     data it prepared (pairs, samples) unless that was prepared for the same inputs (`StageDecision.prepared`). Its
     sweep candidates stay: each is reused when its own fingerprint matches. Its model/ stays until replaced."""
     record = StageRecord.read(d.dir)
-    kept = {"model", "candidates", RECORD}
     with main_writes() as main:
         if main and d.dir.is_dir():
-            gone = sorted(c.name for c in d.dir.iterdir() if c.name not in kept and
-                          (record.prepared != d.prepared or c.name in ("work", "eval")))
-            if record.status == "running" and (d.dir / "work").is_dir():
+            gone = stale_children(d.dir, keep_prepared=record.prepared == d.prepared)
+            if record.status == "running" and work_dir(d.dir).is_dir():
                 log.warning("%s: discarding the checkpoints of its interrupted attempt (%s)", d.dir.name,
                             "redo=" if d.redo else "an earlier stage was retrained")
-            for name in gone:
-                child = d.dir / name
+            for child in gone:
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
@@ -326,7 +332,7 @@ def _invalidate_later(run: Run, d: StageDecision) -> None:
     """A stage trains from scratch: every later stage and sweep candidate of this run folder was trained from the
     model it replaces; mark their records `stale`, so that no rerun reuses them, whatever their fingerprints."""
     later = [e.dir for e in run.decisions if e.index > d.index]
-    for folder in later + [c for e in later for c in sorted((e / "candidates").glob("*"))]:
+    for folder in later + [c for e in later for c in candidate_folders(e)]:
         record = StageRecord.read(folder)
         if record.status and record.status != "stale":
             record.status, record.prepared = "stale", None
@@ -335,19 +341,17 @@ def _invalidate_later(run: Run, d: StageDecision) -> None:
 
 def _fit(run: Run, d: StageDecision, ctx: StageContext) -> Trained | None:
     """Train the stage's model (through its sweep, if it has one); None when only one sweep candidate was asked."""
-    from pipeline.stages import STAGES
-
-    train = STAGES[d.name]
-    if not sweep.is_sweep(ctx.stage):
+    train = kind_of(run.cfg, d.name).train
+    if not sweeps(ctx.stage):
         return Trained(train(ctx), None)
     ev = evaluate.settings(run.cfg, d.name)
     select = sweep.selection_settings(ev, ctx.stage.gate.metric)
 
     def score(model: Path, out: Path) -> dict:
         return run.evaluate(model, select, out)
-    if ctx.stage.sweep.candidate is None:
+    if ctx.stage.candidate is None:
         return sweep.run(ctx, d.inputs, train, score)  # scored on `select`'s tasks; `_score` adds the others
-    sweep.train_candidates(ctx, d.inputs, train, score, only=ctx.stage.sweep.candidate)
+    sweep.train_candidates(ctx, d.inputs, train, score, only=ctx.stage.candidate)
     return None
 
 
@@ -366,10 +370,10 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
     result = _fit(run, d, StageContext(run.cfg, d.name, model, d.dir))
     faults.point("model-saved")
     if result is None:
-        log.info("%s: sweep candidate %d done; a run without %s.sweep.candidate selects and goes on", _label(run, d),
-                 run.cfg[d.name].sweep.candidate, d.name)
+        log.info("%s: sweep candidate %d done; a run without %s.candidate selects and goes on", _label(run, d),
+                 run.cfg[d.name].candidate, d.name)
         return False
-    record.status, record.output_model = "trained", str(d.dir / "model")
+    record.status, record.output_model = "trained", str(model_dir(d.dir))
     record.metrics, record.wall_time_s = result.metrics, round(time.time() - t0, 2)
     if result.config:  # a sweep: the selected candidate's settings (the record's config stays the stage's)
         record.metrics = {**record.metrics, "trained_with": result.config}
@@ -405,13 +409,14 @@ def _scored(run: Run, d: StageDecision, ev: dict, earlier: dict | None, metrics:
     (`earlier`: the selected candidate's evaluation), are taken from there, samples included, not scored again."""
     same = earlier and {**earlier["settings"], "tasks": ev["tasks"]} == ev
     done = [t for t in _tasks(earlier) if t in ev["tasks"]] if same else []
-    rest = run.evaluate(d.dir / "model", {**ev, "tasks": [t for t in ev["tasks"] if t not in done]}, d.dir / "eval")
+    rest = run.evaluate(model_dir(d.dir), {**ev, "tasks": [t for t in ev["tasks"] if t not in done]},
+                        samples_dir(d.dir))
     if not (done and run.main):
         return rest
     selected = metrics["selected"]
     for task in done:
-        source = candidate_dir(d.dir, selected) / "eval" / f"samples_{task}.jsonl"
-        write_text(d.dir / "eval" / source.name, source.read_text())
+        source = samples_file(samples_dir(candidate_dir(d.dir, selected)), task)
+        write_text(samples_file(samples_dir(d.dir), task), source.read_text())
     log.info("%s: %s taken from candidate %s's scoring", d.dir.name, ", ".join(done), selected)
     return evaluate.merge(earlier, rest, ev)
 
@@ -424,7 +429,7 @@ def _gate_stops(run: Run, d: StageDecision) -> bool:
     where = f"gate after stage {d.dir.name}: {verdict['metric']} = {verdict['value']:.4f} ({verdict['reason']})"
     if verdict["action"] == "stop":
         run.print_headline()
-        log.error("%s; chain stopped (leaderboard: %s)", where, run.root / "leaderboard.html")
+        log.error("%s; chain stopped (leaderboard: %s)", where, leaderboard_file(run.root, "html"))
         return True
     log.warning("%s; going on (action: warn)", where)
     return False

@@ -5,8 +5,8 @@ lock (a command line that does not parse exits 2 before the run folder is known;
 holds the folder exits 2 and touches none of its files): the exit code, its name, a one-line reason, the stage in
 progress, and when the run started and ended. A run removes the previous run's file once it holds the lock, so a
 script that finds no file (or an older `started`) knows the command failed before it reached its run folder.
-A DPO sweep candidate (`dpo.sweep.candidate=i`, a Slurm array task sharing the folder) writes
-`outcome-dpo-candidate-<i>.json` instead.
+One sweep candidate (`<stage>.candidate=i`, a Slurm array task sharing the folder) writes
+`outcome-<stage>-candidate-<i>.json` instead.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from pipeline import redact
 from pipeline.errors import NAMES
 from pipeline.files import write_json
+from pipeline.runfolder import RunPaths
 
 _current = {"stage": None}
 
@@ -27,12 +28,6 @@ def enter(stage: str) -> None:
     _current["stage"] = stage
 
 
-def outcome_path(root: Path, candidate: int | None = None) -> Path:
-    """`<run>/outcome.json`, or `outcome-dpo-candidate-<i>.json` for one DPO sweep candidate."""
-    name = "outcome.json" if candidate is None else f"outcome-dpo-candidate-{candidate}.json"
-    return Path(root) / name
-
-
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -40,8 +35,8 @@ def _now() -> str:
 class Outcome:
     """The outcome file of one invocation: `start` drops the previous one, `finish` writes this one."""
 
-    def __init__(self, root: Path, candidate: int | None, argv: list[str]) -> None:
-        self.path = outcome_path(root, candidate)
+    def __init__(self, root: Path, candidate: tuple[str, int] | None, argv: list[str]) -> None:
+        self.path = RunPaths(root).outcome(candidate)
         self.argv = redact.argv(argv)
         self.started = _now()
         self.held = False  # whether this process holds the run lock: only then does it touch the file

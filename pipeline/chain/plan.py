@@ -20,9 +20,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain.basemodel import architecture
-from pipeline.config import ConfigError, grid
+from pipeline.config import ConfigError, grid, kind_of, sweeps
 from pipeline.data.mixtures import load_spec, stage_mixtures
-from pipeline.runfolder import run_dir, stage_dir
+from pipeline.runfolder import RunPaths, model_dir, run_dir, stage_dir
 from pipeline.train.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
 
 KNOWN_MODELS = {  # published config.json fields of dense Llama-style models, so that planning needs no Hub
@@ -38,7 +38,6 @@ KNOWN_MODELS = {  # published config.json fields of dense Llama-style models, so
                                    "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
                                    "tie_word_embeddings": True},
 }
-RL_STAGES = ("ppo", "grpo")
 
 
 def _model(cfg: DictConfig) -> dict:
@@ -62,10 +61,10 @@ def _model(cfg: DictConfig) -> dict:
 
 
 def _tokens(cfg: DictConfig, name: str) -> tuple[float | None, str]:
-    s = cfg[name]
-    if name in RL_STAGES:
+    s, kind = cfg[name], kind_of(cfg, name)
+    if kind.generates:
         return None, "not estimated: RL is bound by generation, which this cost model leaves out"
-    pairs = " x 2 (chosen, rejected)" if name in ("dpo", "reward") else ""
+    pairs = " x 2 (chosen, rejected)" if kind.pairs else ""
     if s.max_steps > 0:
         batch = s.per_device_train_batch_size * s.gradient_accumulation_steps * cfg.plan.num_gpus
         return (s.max_steps * batch * (2 if pairs else 1) * s.max_length,
@@ -97,14 +96,15 @@ def _datasets(cfg: DictConfig, name: str) -> list[dict]:
 
 def _estimate(cfg: DictConfig, name: str, row: dict, model: dict, flops_per_s: float) -> None:
     """Add a stage's FLOPs and GPU-hours to its row, when its tokens and the model's size are known."""
-    runs, reference = 1, 0.0
-    if name == "dpo":
-        d = cfg.dpo
-        row["sweep"] = {"candidates": grid(d), "soup_top_k": d.soup.top_k,
-                        "merge": OmegaConf.to_container(d.merge) if d.merge.stage else None,
-                        "selected_by": d.gate.metric or None}
+    s, runs = cfg[name], 1
+    if sweeps(s):
+        row["sweep"] = {"candidates": grid(s), "soup_top_k": s.soup.top_k,
+                        "merge": OmegaConf.to_container(s.merge) if s.merge.stage else None,
+                        "selected_by": s.gate.metric or None}
         runs = len(row["sweep"]["candidates"])
-        reference = (1 if d.precompute_ref_log_probs else runs) / 3  # a forward pass: a third of a step
+    reference = 0.0
+    if kind_of(cfg, name).reference:  # a forward pass of the reference model: a third of a training step
+        reference = (1 if s.get("precompute_ref_log_probs") else runs) / 3
     if row["tokens"] and model["params"]:
         flops = row["tokens"] * flops_per_token(model["params"], model["layers"], model["hidden"], cfg[name].max_length)
         row["flops"] = flops * (runs + reference)
@@ -115,7 +115,7 @@ def _estimate(cfg: DictConfig, name: str, row: dict, model: dict, flops_per_s: f
 def _stages(cfg: DictConfig, root: Path, model: dict, flops_per_s: float) -> list[dict]:
     """One row per listed stage: its action, checkpoints, data and estimates."""
     enabled = [n for n in cfg.stages if cfg[n].enabled]
-    if (root / "stages").is_dir():
+    if RunPaths(root).stages.is_dir():
         from pipeline.chain.resume import decide  # an existing run: the orchestrator's own decision per stage
 
         actions = {d.name: d.action for d in decide(cfg, root)}
@@ -129,7 +129,7 @@ def _stages(cfg: DictConfig, root: Path, model: dict, flops_per_s: float) -> lis
         out = stage_dir(root, enabled.index(name) + 1, name)
         tokens, basis = _tokens(cfg, name)
         row = {"stage": name, "dir": str(out), "action": actions[name], "input": previous,
-               "output": str(out / "model"), "datasets": _datasets(cfg, name), "tokens": tokens,
+               "output": str(model_dir(out)), "datasets": _datasets(cfg, name), "tokens": tokens,
                "tokens_basis": basis}
         _estimate(cfg, name, row, model, flops_per_s)
         stages.append(row)
@@ -151,13 +151,14 @@ def build(cfg: DictConfig) -> dict:
     stages = _stages(cfg, root, model, peak * p.mfu)
     estimated = [s for s in stages if "gpu_hours" in s]
     return {
-        "recipe": cfg.recipe, "run_dir": str(root), "new_run": not (root / "stages").is_dir(), "model": model,
+        "recipe": cfg.recipe, "run_dir": str(root), "new_run": not RunPaths(root).stages.is_dir(), "model": model,
         "assumptions": {"gpu": p.gpu, "num_gpus": p.num_gpus, "mfu": p.mfu, "precision": precision,
                         "peak_flops": peak,
                         "flops_per_token": "6 x params + 12 x layers x hidden x max_length (forward + backward; "
                                            "attention over the full length: an upper bound)",
-                        "dpo": "each sweep candidate trains on the stage's tokens; reference log-probs add a forward "
-                               "pass (a third of a training step) once if precomputed, else per candidate",
+                        "sweeps": "each sweep candidate trains on the stage's tokens; a reference model's log-probs "
+                                  "add a forward pass (a third of a training step) once if precomputed, else per "
+                                  "candidate",
                         "not_counted": "evaluation, on-policy sampling, RL rollouts, soups and merges"},
         "stages": stages,
         "total_gpu_hours": sum(s["gpu_hours"] for s in estimated),
@@ -180,7 +181,7 @@ def report(cfg: DictConfig) -> str:
                                            "layers and hidden unknown (no attention term)") + f" (from {m['source']})",
         f"ESTIMATES (not measurements) assume {a['num_gpus']} x {a['gpu']} at MFU {a['mfu']:g} of "
         f"{a['peak_flops'] / 1e12:g} TFLOP/s ({a['precision']})",
-        f"  FLOPs/token = {a['flops_per_token']}", f"  dpo: {a['dpo']}", f"  not counted: {a['not_counted']}",
+        f"  FLOPs/token = {a['flops_per_token']}", f"  sweeps: {a['sweeps']}", f"  not counted: {a['not_counted']}",
         "data weights: <= 1 a fraction of the source's rows, > 1 a number of rows",
     ]
     for s in plan["stages"]:

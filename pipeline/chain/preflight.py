@@ -17,21 +17,26 @@ from __future__ import annotations
 
 import logging
 import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
+from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
+from pipeline import extension
 from pipeline.chain.basemodel import check_model_path, local_config
 from pipeline.chain.resume import StageDecision, decide
+from pipeline.config import kind_of
 from pipeline.data import chat
 from pipeline.data import mixtures as data
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.generation import engines
-from pipeline.stages import trl_args
+from pipeline.settings import passed_through
 from pipeline.train import precision
 from pipeline.train.distributed import deepspeed_on
+from pipeline.train.models import load_tokenizer
 
 log = logging.getLogger("pipeline")
 FAILED = object()  # what a check that found a problem returns
@@ -50,11 +55,11 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
                 problems.append(str(err))
             return FAILED
 
-    for one in (trl_args.check, device_settings, attention, ppo_batches, engines.check):
+    for one in (trl_values, device_settings, attention, vllm):
         attempt(one, cfg)
     rows = attempt(stage_rows, cfg)
     if attempt(check_model_path, cfg) is not FAILED:  # the chat template is read from that model's tokenizer
-        attempt(chat.check_chain, cfg, {} if rows is FAILED else rows)
+        attempt(chat_template, cfg, {} if rows is FAILED else rows)
         attempt(lora_targets, cfg)
     decisions = attempt(decide, cfg, root)
     attempt(gate_metrics, cfg, tasks_dir)
@@ -73,11 +78,29 @@ def _enabled(cfg: DictConfig) -> list[str]:
 def ppo_runs_here(cfg: DictConfig) -> None:
     """PPO's loop trains two models in one Accelerator: not under accelerate's DeepSpeed (one model per engine).
     Checked first of all, before the process group that DeepSpeed would shape (`run_pipeline`)."""
-    if deepspeed_on() and "ppo" in _enabled(cfg):
-        raise ConfigError("stage 'ppo' does not run under DeepSpeed (its loop trains a policy and a value model in one "
-                          "Accelerator; accelerate's DeepSpeed takes one model per engine): run the chain with "
-                          "ppo.enabled=false here, then the same command under recipes/accelerate/ddp.yaml (or "
+    for name in [n for n in _enabled(cfg) if kind_of(cfg, n).name == "ppo"] if deepspeed_on() else []:
+        raise ConfigError(f"stage '{name}' does not run under DeepSpeed (its loop trains a policy and a value model in "
+                          f"one Accelerator; accelerate's DeepSpeed takes one model per engine): run the chain with "
+                          f"{name}.enabled=false here, then the same command under recipes/accelerate/ddp.yaml (or "
                           "cpu.yaml), which reuses the finished stages")
+
+
+def trl_values(cfg: DictConfig) -> None:
+    """Each enabled stage that passes TRL fields through builds its TRL config with them (no model loads), so a
+    value the class refuses stops the run here."""
+    for name in [n for n in _enabled(cfg) if passed_through(cfg[n])]:
+        kind = kind_of(cfg, name)
+        work = Path(tempfile.gettempdir()) / "trl-args-check" / "work"  # outside any run folder: no tracking
+        try:
+            kind.trainer_args(cfg[name], work, cfg.seed, cfg.model.precision)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as err:
+            reason = re.sub(r"is not a valid \w+, please select one of", "is not one of", str(err).splitlines()[0])
+            raise ConfigError(f"bad value in '{name}': TRL's {kind.config_class().__name__} refuses it: "
+                              f"{reason}") from None
+        finally:
+            unset_hf_deepspeed_config()  # building it under ZeRO-3 would shard every later model load
 
 
 def device_settings(cfg: DictConfig) -> None:
@@ -116,35 +139,65 @@ def attention(cfg: DictConfig) -> None:
         raise ConfigError(f"model.attn_implementation={name} needs {needs}, which this machine lacks; use sdpa")
 
 
+def vllm_uses(cfg: DictConfig) -> list[str]:
+    """The config keys that ask for vLLM in this run (enabled stages, their evaluations and the base's)."""
+    stages = _enabled(cfg)
+    keys = ["base_eval.backend"] if evaluate.settings(cfg, None)["backend"] == "vllm" else []
+    keys += [f"{name}.eval.backend" for name in stages if evaluate.settings(cfg, name)["backend"] == "vllm"]
+    return keys + [key for name in stages for key in kind_of(cfg, name).vllm_keys(cfg, name)]
+
+
+def vllm(cfg: DictConfig) -> None:
+    """Where the run uses vLLM (`vllm_uses`): that it is installed, and that it serves the base model's architecture."""
+    engines.check(vllm_uses(cfg), cfg.model.name_or_path)
+
+
+def chat_template(cfg: DictConfig, rows: dict[str, list[tuple[str, dict]]] | None = None) -> None:
+    """Refuse, before any training, a chain with a chat stage when neither the base tokenizer nor
+    `model.chat_template` gives a chat template (SFT / mid-training with format chat, DPO, PPO, GRPO, reward), and a
+    template that cannot render the rows `rows` gives a stage (stage -> [(where, row)]: the first rows of each of its
+    sources, normalised, `stage_rows`). A base the recipe's extension builds is checked once it is built."""
+    chat_stages = [n for n in cfg.stages if cfg[n].enabled and cfg[n].get("format", "chat") == "chat"]
+    renders = [n for n in cfg.stages if cfg[n].enabled and any("messages" in r or "prompt" in r
+                                                                for _, r in (rows or {}).get(n, []))]
+    if not chat_stages and not renders:
+        return
+    path = cfg.model.name_or_path
+    if extension.builds_base(cfg):
+        path = extension.of(cfg).architecture(cfg)[0]
+        if not (path / "config.json").is_file():
+            return  # not built yet: it brings its own template, checked on the stage's rows when the stage starts
+    source = cfg.model.chat_template or cfg.model.tokenizer or cfg.model.name_or_path
+    try:
+        tok = load_tokenizer(path, cfg.model)
+    except (OSError, ValueError) as err:  # no tokenizer files, or files no tokenizer class reads
+        reason = " ".join(str(err).split())[:300] or type(err).__name__
+        raise ConfigError(f"cannot load the tokenizer of {cfg.model.tokenizer or path}: {reason}") from None
+    if not tok.chat_template:
+        if chat_stages:
+            raise ConfigError(f"stage(s) {', '.join(chat_stages)} need a chat template and the tokenizer of {source} "
+                              "has no chat template: set model.chat_template=chatml (built in) or to a Jinja file")
+        return
+    for name in renders:
+        for where, row in (rows or {})[name]:
+            chat.render_row(tok, cfg[name], row, f"stage '{name}': the chat template of {source} cannot render {where}")
+
+
 def stage_rows(cfg: DictConfig) -> dict[str, list[tuple[str, dict]]]:
     """The first rows of every source of each enabled stage's mixtures (`mixtures.head`), checked against the
-    columns the stage uses; returns them per stage (the chat template is rendered on them)."""
+    columns the stage uses (`StageKind.mixtures`); returns them per stage (the chat template is rendered on them)."""
     out: dict[str, list[tuple[str, dict]]] = {}
     for name in _enabled(cfg):
-        stage = cfg[name]
-        for mixture in data.stage_mixtures(cfg, name):
-            on_policy = "on_policy" in stage and stage.on_policy.enabled and mixture == stage.on_policy.mixture
+        for mixture, needs, role in kind_of(cfg, name).mixtures(cfg[name]):
             rows = data.head(mixture, cfg)
-            needs = _columns(name, stage, on_policy)
             for where, row in rows:
                 if not any(set(option) <= set(row) for option in needs):
                     wanted = " or ".join("`" + "`, `".join(option) + "`" for option in needs)
                     raise ConfigError(f"stage '{name}' needs rows with {wanted}"
-                                      f"{' (on-policy prompts)' if on_policy else ''}; {where} (mixture {mixture}) "
+                                      f"{f' ({role})' if role != 'train' else ''}; {where} (mixture {mixture}) "
                                       f"gives {', '.join(sorted(row)) or 'nothing'}")
             out.setdefault(name, []).extend(rows)
     return out
-
-
-def _columns(name: str, stage: DictConfig, on_policy: bool) -> list[tuple[str, ...]]:
-    """The normalised columns a row of stage `name` must have: any one of the returned sets."""
-    if on_policy:
-        return [("prompt", "answer")]
-    if name in ("dpo", "reward"):
-        return [("chosen", "rejected")]
-    if name in ("ppo", "grpo"):
-        return [("prompt", "answer")] if stage.reward == "verifiable" else [("prompt",)]
-    return [("messages",)] if stage.format == "chat" else [("text",), ("messages",)]
 
 
 def lora_targets(cfg: DictConfig) -> None:
@@ -165,7 +218,7 @@ def lora_targets(cfg: DictConfig) -> None:
     for name in stages:
         lora = cfg[name].lora
         with init_empty_weights():
-            model = empty_model(folder, cfg.model, "classifier" if name == "reward" else "causal")
+            model = empty_model(folder, cfg.model, kind_of(cfg, name).model_class)
             try:
                 peft.inject_adapter_in_model(peft.LoraConfig(r=lora.r, target_modules=lora.target_modules), model)
             except ValueError as err:  # peft's NoMatchingPeftModuleError is one
@@ -176,18 +229,6 @@ def lora_targets(cfg: DictConfig) -> None:
                                   f"{cfg.model.name_or_path} ({reason}); it is a regular expression matched against "
                                   f"full module names{such_as}, e.g. '.*[.](q_proj|v_proj)', or all-linear; the "
                                   f"model's linear layers: {', '.join(leaves)}") from None
-
-
-def ppo_batches(cfg: DictConfig) -> None:
-    """A PPO update's prompts split evenly into minibatches of whole micro-batches."""
-    if "ppo" not in _enabled(cfg):
-        return
-    ppo = cfg.ppo
-    parts = ppo.num_minibatches * max(1, ppo.gradient_accumulation_steps)
-    if ppo.rollout_batch_size % parts:
-        raise ConfigError(f"ppo.rollout_batch_size={ppo.rollout_batch_size} must be divisible by ppo.num_minibatches "
-                          f"x ppo.gradient_accumulation_steps = {ppo.num_minibatches} x "
-                          f"{max(1, ppo.gradient_accumulation_steps)} = {parts}")
 
 
 def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:

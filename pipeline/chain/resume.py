@@ -24,9 +24,9 @@ from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import fingerprint
 from pipeline.runfolder import FINISHED, StageRecord, finished, stage_dir
 
-# settings that differ between a sweep's candidates, or choose among them: the data a stage prepares for every
-# candidate (pairs, reference log-probs) does not depend on them
-PER_CANDIDATE = ("sweep", "soup", "merge", "beta", "learning_rate")
+# settings that choose among a sweep's candidates (and the swept settings themselves): the data a stage prepares
+# for every candidate (pairs, reference log-probs) does not depend on them
+PER_CANDIDATE = ("sweep", "soup", "merge")
 
 
 @dataclass
@@ -105,7 +105,7 @@ def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
         inputs = fingerprint({"kind": name, "data": sources, "upstream": upstream, "seed": cfg.seed})
         trains = training_view(config, schema)
         fp = fingerprint({"inputs": inputs, "config": trains})
-        shared = {k: v for k, v in trains.items() if k not in PER_CANDIDATE}
+        shared = {k: v for k, v in trains.items() if k not in (*PER_CANDIDATE, *cfg[name].sweep)}
         prepared = fingerprint({"inputs": inputs, "config": shared})
         record = StageRecord.read(stage_dir(root, i, name))
         redo = name in cfg.redo and not (record.redone and record.fingerprint == fp)  # a redo is carried out once

@@ -1,14 +1,15 @@
-"""A sweep inside a stage (the `dpo` stage's `sweep`, `soup`, `merge`), driven by the orchestrator.
+"""A sweep inside a stage (any stage's `sweep`, `soup`, `merge`), driven by the orchestrator.
 
-`sweep` expands beta x learning rate into candidates under `candidates/<id>/`, each trained by the stage's
+`sweep` expands its settings' values (`config.grid`) into candidates under `candidates/<id>/`, each trained by the
+stage kind's
 own entry function (one model per call) from the same input checkpoint and scored on the task of the gate
 metric only (`selection_settings`: validation; the selected model is then scored on every task);
 `soup.top_k` averages the K best, `merge` mixes the soup (or the best candidate) with an earlier stage's
 checkpoint; soup and merge compete as candidates too. Finished candidates are reused (by fingerprint).
 
 Selection: the highest value of the stage's gate metric on the selection half of its problems (even
-doc_ids, `stats.HALVES`) wins; ties go to the candidate listed first (grid order: beta ascending, then
-learning rate ascending; then soup, then merge), so the simpler model wins a tie. The gate then judges the
+doc_ids, `stats.HALVES`) wins; ties go to the candidate listed first (grid order: settings by name, each
+ascending; then soup, then merge), so the simpler model wins a tie. The gate then judges the
 selected model on the other half only (the orchestrator), where the pick has not already favoured it.
 """
 
@@ -19,7 +20,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from pipeline import redact
 from pipeline.chain import merge
@@ -36,7 +37,9 @@ from pipeline.runfolder import (
     eval_dir,
     finished,
     input_stage,
+    model_dir,
     run_root,
+    samples_dir,
     stored_path,
 )
 from pipeline.train import preempt
@@ -44,7 +47,7 @@ from pipeline.train.distributed import main_writes
 
 log = logging.getLogger("pipeline")
 TIE_RULE = "highest metric; ties go to the earlier candidate (grid order, then soup, then merge)"
-NOT_TRAINING = ("eval", "gate", "sweep", "soup", "merge")  # left out of a candidate's recorded config
+NOT_TRAINING = ("eval", "gate", "sweep", "soup", "merge", "candidate")  # left out of a candidate's recorded config
 Train = Callable[[StageContext], dict]  # a stage's entry function: trains ctx.out_dir/model, returns metrics
 Evaluate = Callable[[Path, Path], dict]  # (model dir, output dir) -> eval result; scored on the main process
 
@@ -56,21 +59,16 @@ def selection_settings(ev: dict, metric: str) -> dict:
     return {**ev, "tasks": [task]} if metric and task in ev["tasks"] else ev
 
 
-def is_sweep(stage: DictConfig) -> bool:
-    """Whether the stage trains its model through a sweep (a grid of one included)."""
-    return "sweep" in stage
-
-
 def _value(record: StageRecord, metric: str) -> float:
     """The candidate's `metric` on the selection half of its problems (all of them without per-problem samples)."""
-    half = stats.half_mean(Path(record.output_model).parent / "eval", metric, "selection") if metric else None
+    half = stats.half_mean(samples_dir(Path(record.output_model).parent), metric, "selection") if metric else None
     return half[0] if half else record.scores().get(metric, float("-inf"))
 
 
 def _score(record: StageRecord, out: Path, evaluate: Evaluate) -> StageRecord:
     """Evaluate a finished candidate (main process), write its stage.json last; every rank reads it back."""
-    record.status, record.output_model = "done", str(out / "model")
-    record.eval = evaluate(out / "model", out / "eval")  # the main process scores; the others get nothing
+    record.status, record.output_model = "done", str(model_dir(out))
+    record.eval = evaluate(model_dir(out), samples_dir(out))  # the main process scores; the others get nothing
     record.write(out)  # written last (main process); every rank reads it back
     return StageRecord.read(out)
 
@@ -140,9 +138,9 @@ def _combine(ctx: StageContext, inputs: str, kind: str, models: list[Path], weig
         return record
     with preempt.main_only(f"making the {kind}") as main:
         if main and weights is None:
-            merge.soup(models, out / "model")
+            merge.soup(models, model_dir(out))
         elif main:
-            merge.linear_merge(models, weights, out / "model")
+            merge.linear_merge(models, weights, model_dir(out))
     log.info("%s of %s (%s)", kind, ", ".join(Path(m).parent.name for m in models),
              f"weights {', '.join(map(str, weights))}" if weights else "equal weights")
     config = {"sources": sources, "weights": weights}
@@ -159,7 +157,7 @@ def _soup_and_merge(ctx: StageContext, inputs: str, ranked: list[StageRecord],
     if stage.merge.stage:
         base = earlier_stage_model(ctx.stage_dir, stage.merge.stage)
         if base is None:
-            raise ConfigError(f"dpo.merge.stage '{stage.merge.stage}' has no finished checkpoint in this run")
+            raise ConfigError(f"{ctx.name}.merge.stage '{stage.merge.stage}' has no finished checkpoint in this run")
         top = extra[-1] if extra else ranked[0]
         extra.append(_combine(ctx, inputs, "merge", [Path(top.output_model), base],
                               [1 - stage.merge.weight, stage.merge.weight], evaluate))
@@ -183,13 +181,13 @@ def run(ctx: StageContext, inputs: str, train: Train, evaluate: Evaluate) -> Tra
     selected = max(candidates, key=lambda r: _value(r, metric))  # max keeps the first of equal values
     with main_writes() as main:
         if main:
-            with atomic_dir(ctx.stage_dir / "model") as tmp:
+            with atomic_dir(model_dir(ctx.stage_dir)) as tmp:
                 shutil.copytree(selected.output_model, tmp, dirs_exist_ok=True)
     table = [{"candidate": r.candidate, metric or "metric": r.scores().get(metric, float("-inf")),
               "selection_half": _value(r, metric),
-              "vs_input": versus_input(ctx.stage_dir, Path(r.output_model).parent / "eval", metric, "selection")}
+              "vs_input": versus_input(ctx.stage_dir, samples_dir(Path(r.output_model).parent), metric, "selection")}
              for r in candidates]
-    half = stats.half_mean(Path(selected.output_model).parent / "eval", metric, "selection") if metric else None
+    half = stats.half_mean(samples_dir(Path(selected.output_model).parent), metric, "selection") if metric else None
     log.info("selected candidate %s by %s on the selection half of its problems: %s", selected.candidate,
              metric or "(single candidate)", ", ".join(f"{r['candidate']} {r['selection_half']:.3f}" for r in table))
     metrics = {**(selected.metrics or {}), "selected": selected.candidate,  # a soup or merge trained nothing
@@ -203,7 +201,7 @@ def _trained_with(ctx: StageContext, selected: StageRecord) -> dict:
     without the swept ones (its ingredients had several) plus its sources and weights."""
     if selected.candidate not in ("soup", "merge"):
         return selected.config
-    swept = {k for k, v in ctx.stage.sweep.items() if v is not None and k != "candidate"}
+    swept = set(ctx.stage.sweep)
     stage = OmegaConf.to_container(ctx.stage, resolve=True)
     return redact.config({**{k: v for k, v in stage.items() if k not in NOT_TRAINING and k not in swept},
                           **selected.config})

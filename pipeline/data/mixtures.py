@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline import extension
-from pipeline.config import MIXTURES_DIR, ConfigError, explain_error, yaml_problem
+from pipeline.config import MIXTURES_DIR, ConfigError, explain_error, kind_of, yaml_problem
 from pipeline.files import sha256_file
 
 TARGETS = ("messages", "text", "prompt", "chosen", "rejected", "answer", "user", "assistant", "system",
@@ -108,12 +108,8 @@ def _local_file(src: DictConfig, cfg: DictConfig) -> Path | None:
 
 
 def stage_mixtures(cfg: DictConfig, stage: str) -> list[str]:
-    """Every mixture a stage reads (its own, and the on-policy prompts of a DPO stage)."""
-    section = cfg[stage]
-    names = [section.mixture] if section.mixture else []
-    if "on_policy" in section and section.on_policy.enabled:
-        names.append(section.on_policy.mixture)
-    return names
+    """Every mixture a stage reads (`StageKind.mixtures`: its own, and e.g. a DPO stage's on-policy prompts)."""
+    return [name for name, _, _ in kind_of(cfg, stage).mixtures(cfg[stage])]
 
 
 def fingerprints(name: str, cfg: DictConfig) -> list[dict]:

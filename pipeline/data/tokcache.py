@@ -84,7 +84,7 @@ def tokenise_text(row: dict, tok: Any) -> dict:
 
 def tokenise(dataset: Any, stage: Any, tok: Any) -> Any:
     """Tokenise every row for the stage's format; refuse chat rows with no assistant token to learn."""
-    started, procs = time.monotonic(), stage.num_proc if stage.num_proc > 1 else None
+    started, procs = time.monotonic(), stage.dataset_num_proc if stage.dataset_num_proc > 1 else None
     if stage.format == "text":
         out = dataset.map(tokenise_text, fn_kwargs={"tok": tok}, remove_columns=dataset.column_names, num_proc=procs)
         prep.log_rate("tokenised", len(out), started)

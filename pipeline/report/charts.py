@@ -76,28 +76,33 @@ def anchored_norm(values: list[float], n: int | None) -> colors.Normalize:
 
 @matplotlib.rc_context(RC)
 def sweep_heatmap(name: str, record: StageRecord, cands: dict[str, StageRecord]) -> str:
-    """The sweep stage `name` (its record and its candidates' records) as a beta x learning-rate heatmap of its
-    selection metric, soup and merge beside."""
+    """The sweep stage `name` (its record and its candidates' records) as a heatmap of its selection metric over its
+    swept settings (the last one across, the others down), soup and merge beside."""
     m = record.metrics or {}
     metric, selected = "selection_half", m.get("selected")
     table = {c["candidate"]: c for c in m.get("candidates", [])}
-    grid = {n: c.config for n, c in cands.items() if "beta" in (c.config or {})}
-    betas = sorted({c["beta"] for c in grid.values()})
-    lrs = sorted({c["learning_rate"] for c in grid.values()})
+    keys = sorted((record.config or {}).get("sweep") or {})
+    across, down = (keys[-1] if keys else None), keys[:-1]
+    grid = {n: c.config or {} for n, c in cands.items() if n not in ("soup", "merge")}
+    def row_of(config: dict) -> tuple:
+        return tuple(config.get(k) for k in down)
+    rows, lrs = sorted({row_of(c) for c in grid.values()}), sorted({c.get(across) for c in grid.values()})
     extras = [n for n in ("soup", "merge") if n in table]
-    fig = Figure(figsize=(2.2 + 1.8 * (len(lrs) + len(extras)), 1.4 + 0.9 * max(len(betas), 1)))
+    fig = Figure(figsize=(2.2 + 1.8 * (len(lrs) + len(extras)), 1.4 + 0.9 * max(len(rows), 1)))
     widths = [max(len(lrs), 1)] + ([len(extras)] if extras else [])
     axes = fig.subplots(1, len(widths), width_ratios=widths, squeeze=False)[0]
     values = [t.get(metric) for t in table.values() if isinstance(t.get(metric), (int, float))]
     norm = anchored_norm(values, m.get("selection_problems"))
-    cells = {(betas.index(c["beta"]), lrs.index(c["learning_rate"])): n for n, c in grid.items()}
+    cells = {(rows.index(row_of(c)), lrs.index(c.get(across))): n for n, c in grid.items()}
     soup = {Path(s).parent.name for s in ((cands["soup"].config if "soup" in cands else None) or {}).get("sources", [])}
     _draw(axes[0], [[table.get(cells.get((i, j)), {}).get(metric) for j in range(len(lrs))]
-                    for i in range(len(betas))], norm,
+                    for i in range(len(rows))], norm,
           lambda i, j: cells.get((i, j)), table, metric, selected, soup)
-    axes[0].set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
-    axes[0].set_yticks(range(len(betas)), [f"{b:g}" for b in betas])
-    axes[0].set(xlabel="learning rate", ylabel="beta")
+    def word(value: object) -> str:
+        return f"{value:g}" if isinstance(value, float | int) and not isinstance(value, bool) else str(value)
+    axes[0].set_xticks(range(len(lrs)), [word(v) for v in lrs])
+    axes[0].set_yticks(range(len(rows)), [", ".join(map(word, r)) for r in rows])
+    axes[0].set(xlabel=(across or "").replace("_", " "), ylabel=" / ".join(k.replace("_", " ") for k in down))
     if extras:
         _draw(axes[1], [[table[n].get(metric) for n in extras]], norm, lambda i, j: extras[j], table, metric,
               selected, set())

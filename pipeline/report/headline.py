@@ -16,10 +16,10 @@ from pathlib import Path
 
 from pipeline.evaluation import stats
 from pipeline.files import read_json
-from pipeline.runfolder import BASE, StageRecord, candidates, eval_dir, input_stage, stage_folders
+from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, stage_folders
 
 COLUMNS = ("checkpoint", "validation", "test", "\u0394 test [95% CI]", "p", "gate", "train time")
-SWEEP_COLUMNS = ("candidate", "beta", "learning rate", "selection half", "\u0394 vs input on it [95% CI]", "p")
+SWEEP_COLUMNS = ("selection half", "\u0394 vs input on it [95% CI]", "p")  # after the candidate and its settings
 
 
 @dataclass
@@ -71,8 +71,8 @@ def sweep_rows(stage: Path, record: StageRecord) -> list[dict]:
     out = []
     for c in (record.metrics or {}).get("candidates", []):
         config = (cands[c["candidate"]].config if c["candidate"] in cands else None) or {}
-        out.append({"candidate": c["candidate"], "beta": config.get("beta"),
-                    "learning_rate": config.get("learning_rate"),
+        swept = sorted((record.config or {}).get("sweep") or {})
+        out.append({"candidate": c["candidate"], "settings": {k: config.get(k) for k in swept},
                     "selection_half": c.get("selection_half"), "vs_input": c.get("vs_input"),
                     "selected": c["candidate"] == record.selected})
     return out
@@ -85,7 +85,7 @@ def build(run: Path) -> Headline:
     records = [r for _, r in folders]
     split = {task: s for r in records for task, s in ((r.eval or {}).get("splits") or {}).items()}
     validation, test = metrics(records, split)
-    return Headline(run, read_json(run / "manifest.json") or {}, split, validation, test,
+    return Headline(run, read_json(RunPaths(run).manifest) or {}, split, validation, test,
                     [stage_row(d, r, validation, test) for d, r in folders if r.eval],
                     {d.name: rows for d, r in folders if (rows := sweep_rows(d, r))})
 
@@ -138,12 +138,14 @@ def sentence(row: dict) -> str | None:
            f"p {_p(p)}, n={p['n']}: {verdict}"
 
 
-def sweep_cells(row: dict) -> list[str]:
-    """A sweep candidate row as the text of the `SWEEP_COLUMNS`."""
-    lr = row.get("learning_rate")
-    return [row["candidate"] + (" (selected)" if row["selected"] else ""),
-            "" if row.get("beta") is None else f"{row['beta']:g}", "" if lr is None else f"{lr:g}",
-            _num(row.get("selection_half")), _interval(row.get("vs_input")), _p(row.get("vs_input"))]
+def sweep_table(rows: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
+    """A sweep's candidate rows as a table: the candidate, its swept settings, then the `SWEEP_COLUMNS`."""
+    keys = list(rows[0]["settings"]) if rows else []
+    def text(value: object) -> str:
+        return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+    body = [[r["candidate"] + (" (selected)" if r["selected"] else ""), *(text(r["settings"].get(k)) for k in keys),
+             _num(r.get("selection_half")), _interval(r.get("vs_input")), _p(r.get("vs_input"))] for r in rows]
+    return ("candidate", *(k.replace("_", " ") for k in keys), *SWEEP_COLUMNS), body
 
 
 def _table(head: tuple[str, ...], body: list[list[str]]) -> list[str]:
@@ -162,5 +164,5 @@ def markdown(h: Headline) -> str:
     lines += [f"- {s}" for s in map(sentence, h.rows) if s]
     for stage, sweep in h.sweeps.items():
         lines += ["", f"### {stage}: sweep (selected on the selection half of validation; the gate judges the other "
-                  "half)", "", *_table(SWEEP_COLUMNS, [sweep_cells(r) for r in sweep])]
+                  "half)", "", *_table(*sweep_table(sweep))]
     return "\n".join(lines) + "\n"

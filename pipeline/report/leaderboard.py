@@ -24,7 +24,7 @@ from pathlib import Path
 from pipeline import faults
 from pipeline.files import write_json, write_text
 from pipeline.report import charts, headline
-from pipeline.runfolder import StageRecord, candidates, stage_folders
+from pipeline.runfolder import RunPaths, StageRecord, candidates, leaderboard_file, stage_folders
 
 STEP_TIMES = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "eval_s", "save_s")  # telemetry's breakdown
 HYPER = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
@@ -169,7 +169,7 @@ def _headline_html(h: headline.Headline) -> str:
     for stage, sweep in h.sweeps.items():
         out += [f"<h3>{html.escape(stage)}: sweep (selected on the selection half of validation; the gate judges the "
                 "other half)</h3>",
-                _html_table(headline.SWEEP_COLUMNS, [headline.sweep_cells(r) for r in sweep], [""] * len(sweep))]
+                _html_table(*headline.sweep_table(sweep), [""] * len(sweep))]
     return "".join(out)
 
 
@@ -211,13 +211,12 @@ def export(run_dirs: list[Path], out: Path) -> list[dict]:
     """Rebuild the leaderboard of `run_dirs` and write it in every format into `out`; return the rows."""
     heads = [headline.build(run) for run in run_dirs]  # read each run folder once, for every format
     table = rows(heads)
-    out = Path(out)
-    write_text(out / "leaderboard.csv", to_csv(table))
+    write_text(leaderboard_file(out, "csv"), to_csv(table))
     faults.point("leaderboard")
-    write_json(out / "leaderboard.json", {"columns": columns(table), "splits": splits(heads), "rows": table,
-                                          "headline": {h.run.name: h.rows for h in heads}})
-    write_text(out / "leaderboard.md", to_markdown(heads))
-    write_text(out / "leaderboard.html", to_html(table, heads))
+    write_json(leaderboard_file(out, "json"), {"columns": columns(table), "splits": splits(heads), "rows": table,
+                                                "headline": {h.run.name: h.rows for h in heads}})
+    write_text(leaderboard_file(out, "md"), to_markdown(heads))
+    write_text(leaderboard_file(out, "html"), to_html(table, heads))
     return table
 
 
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (<output_root>/<run_name>)")
     parser.add_argument("--out", type=Path, required=True, help="folder for leaderboard.{csv,json,md,html}")
     args = parser.parse_args(argv)
-    missing = [str(r) for r in args.runs if not (r / "stages").is_dir()]
+    missing = [str(r) for r in args.runs if not RunPaths(r).stages.is_dir()]
     if missing:
         parser.error(f"not a run folder (no stages/): {', '.join(missing)}")
     table = export(args.runs, args.out)

@@ -9,33 +9,103 @@ and shared by every sweep candidate (`pipeline.sweep` trains each one through `r
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
-from omegaconf import DictConfig
-from trl import DPOConfig, DPOTrainer
-
-from pipeline.config import ConfigError
-from pipeline.data.mixtures import load_mixture
-from pipeline.files import atomic_dir, write_json, write_text
-from pipeline.logs import duration
-from pipeline.runfolder import StageContext
-from pipeline.train import preempt
-from pipeline.train.distributed import main_writes
-from pipeline.train.models import load_model, load_tokenizer
-from pipeline.train.precision import matmul_precision
-from pipeline.train.trainer import common_args, fit, lora_config, trl_config
+from pipeline.errors import ConfigError
+from pipeline.settings import Columns, MergeConfig, SoupConfig, StageKind, StageSettings, arg
 
 log = logging.getLogger("pipeline")
 
 
-def _on_policy(ctx: StageContext) -> Any:
+@dataclass
+class OnPolicyConfig:
+    """Preference pairs sampled from the stage's input model on prompts with known `#### N` answers."""
+
+    enabled: bool = arg("sample on-policy pairs from the stage's input model", False)
+    mixture: str = arg("rows with `prompt` (chat) and `answer`", "")
+    samples: int = arg("answers sampled per prompt", 4)
+    max_new_tokens: int = arg("most tokens sampled per answer", 128)
+    temperature: float = arg("sampling temperature", 1.0)
+    max_prompts: int = arg("most prompts sampled: the first N of the mixture (shuffled with its seed); "
+                           "0: all prompts", 0)
+    batch_size: int = arg("prompts per generation batch (hf)", 32, resumable=True)
+    backend: str = arg("hf: transformers' generate | vllm: a vLLM engine (continuous batching)", "hf", added=True)
+    reference_chosen: bool = arg("a prompt with no correct sample pairs its reference answer (the mixture's `answer`, "
+                                 "chosen) with a wrong sample, as SPIN does: pairs from a model that rarely gets one "
+                                 "right", False, added=True)
+
+
+@dataclass
+class DpoSettings(StageSettings):
+    """A TRL DPOTrainer stage (DPO, APO-zero, IPO, ...), with an optional sweep, soup and merge."""
+
+    loss_type: list[str] = arg("e.g. [apo_zero] or [sigmoid, sft]", factory=lambda: ["sigmoid"])
+    loss_weights: list[float] = arg("one per loss type; empty: all 1", factory=list)
+    beta: float = arg("DPO temperature: how far the policy may move from the reference", 0.1)
+    precompute_ref_log_probs: bool = arg("reference log-probs computed once and shared by every candidate", True)
+    on_policy: OnPolicyConfig = arg("preference pairs sampled from the input model", factory=OnPolicyConfig)
+    soup: SoupConfig = arg("a uniform average of the best candidates, as one more candidate", factory=SoupConfig)
+    merge: MergeConfig = arg("a linear merge with an earlier stage's model, as one more candidate", factory=MergeConfig)
+    activation_offloading: bool = arg("TRL's activation offloading of saved activations to CPU memory (CUDA)", False,
+                                      added=True, resumable=True)
+
+
+class Dpo(StageKind):
+    name, settings, trl_config, pairs, reference = "dpo", DpoSettings, "trl:DPOConfig", True, True
+    order = 30
+    help = "preference optimisation with a sweep"
+    defaults = {"learning_rate": 5e-7, "lr_scheduler_type": "cosine"}  # noqa: RUF012
+
+    def columns(self, stage: Any) -> Columns:
+        return [("chosen", "rejected")]
+
+    def mixtures(self, stage: Any) -> list[tuple[str, Columns, str]]:
+        out = super().mixtures(stage)
+        if stage.on_policy.enabled:
+            out.append((stage.on_policy.mixture, [("prompt", "answer")], "on-policy prompts"))
+        return out
+
+    def check(self, cfg: Any, name: str) -> None:
+        stage = cfg[name]
+        if stage.padding_free:  # TRL 1.16's DPOTrainer warns and pads anyway: refuse rather than do nothing
+            raise ConfigError(f"'{name}.padding_free' is not supported: TRL 1.16's DPOTrainer turns it off and pads "
+                              "every batch; remove the key (or set it to false)")
+        if stage.loss_weights and len(stage.loss_weights) != len(stage.loss_type):
+            raise ConfigError(f"'{name}.loss_weights' has {len(stage.loss_weights)} weights for "
+                              f"{len(stage.loss_type)} loss types")
+        if stage.on_policy.enabled and (not stage.on_policy.mixture or stage.on_policy.samples < 2):
+            raise ConfigError(f"'{name}.on_policy' needs a mixture of prompts with answers and samples >= 2")
+
+    def vllm_keys(self, cfg: Any, name: str) -> list[str]:
+        op = cfg[name].on_policy
+        return [f"{name}.on_policy.backend"] if op.enabled and op.backend == "vllm" else []
+
+    def trainer_args(self, stage: Any, work_dir: Any, seed: int, precision: str, run: Any = None) -> Any:
+        return dpo_args(stage, work_dir, seed, precision, run)
+
+    def train(self, ctx: Any) -> dict:
+        return run(ctx)
+
+
+KIND = Dpo()
+
+
+def _on_policy(ctx: Any) -> Any:
     """On-policy pairs sampled from the input model (once: kept in on_policy_pairs.jsonl), or None if none."""
-    path = ctx.stage_dir / "on_policy_pairs.jsonl"
+    import datasets
+
+    from pipeline.data.mixtures import load_mixture
+    from pipeline.files import write_json, write_text
+    from pipeline.logs import duration
+    from pipeline.train import preempt
+
+    path = ctx.on_policy_pairs
     with preempt.main_only("on-policy sampling") as main:
         if main and not path.is_file():
             from pipeline.generation.onpolicy import on_policy_pairs
@@ -51,7 +121,7 @@ def _on_policy(ctx: StageContext) -> Any:
                      "wrong; %d pairs chose the reference answer) in %s", stats["pairs"], stats["prompts"], op.samples,
                      100 * stats["correct_rate"], stats["all_correct"], stats["all_wrong"], stats["reference_pairs"],
                      duration(stats["sampling_s"]))
-            write_json(ctx.stage_dir / "on_policy_stats.json", stats)
+            write_json(ctx.on_policy_stats, stats)
             write_text(path, "".join(json.dumps(p) + "\n" for p in pairs))
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     if not rows:
@@ -59,8 +129,12 @@ def _on_policy(ctx: StageContext) -> Any:
     return datasets.Dataset.from_list(rows) if rows else None
 
 
-def preference_pairs(ctx: StageContext) -> Any:
+def preference_pairs(ctx: Any) -> Any:
     """The stage's preference pairs: its mixture plus on-policy pairs (sampled once, kept in the stage folder)."""
+    import datasets
+
+    from pipeline.data.mixtures import load_mixture
+
     stage = ctx.stage
     parts = [load_mixture(stage.mixture, ctx.cfg)] if stage.mixture else []
     if stage.on_policy.enabled and (sampled := _on_policy(ctx)) is not None:
@@ -75,6 +149,11 @@ def preference_pairs(ctx: StageContext) -> Any:
 def on_disk(pairs: Any, path: Path) -> Any:
     """The pairs as a disk-backed dataset: every candidate then reuses TRL's tokenisation of them
     (datasets caches a map beside the data, keyed by the dataset's fingerprint)."""
+    import datasets
+
+    from pipeline.files import atomic_dir
+    from pipeline.train.distributed import main_writes
+
     with main_writes() as main:
         if main and not path.is_dir():
             with atomic_dir(path, first_wins=True) as tmp:  # sweep array tasks share the stage folder
@@ -82,39 +161,58 @@ def on_disk(pairs: Any, path: Path) -> Any:
     return datasets.load_from_disk(str(path))
 
 
-class SharedRefDPOTrainer(DPOTrainer):
+@functools.cache
+def shared_ref_trainer() -> type:
     """DPOTrainer that uses reference log-probs already stored with the pairs instead of recomputing them.
 
     TRL caches its precomputed log-probs under a fingerprint that includes every training argument
     (beta, learning rate, output folder), so sweep candidates would each run the reference again.
     """
+    from trl import DPOTrainer
 
-    def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
-        if {"ref_chosen_logps", "ref_rejected_logps"} <= set(dataset.column_names):
-            return dataset
-        return super()._precompute_ref_logps(dataset, name, batch_size)
+    class SharedRefDPOTrainer(DPOTrainer):
+        def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
+            if {"ref_chosen_logps", "ref_rejected_logps"} <= set(dataset.column_names):
+                return dataset
+            return super()._precompute_ref_logps(dataset, name, batch_size)
+
+    return SharedRefDPOTrainer
 
 
-def dpo_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> DPOConfig:
-    """DPOTrainer arguments for the stage's settings (a candidate's beta and rate), its `trainer` mapping over them."""
+def dpo_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Any = None) -> Any:
+    """DPOTrainer arguments for the stage's settings (a candidate's beta and rate), its TRL-named keys over them."""
+    from trl import DPOConfig
+
+    from pipeline.train.trainer import common_args, trl_config
+
     return trl_config(DPOConfig, stage, dict(
         **common_args(stage, work_dir, seed, precision, run), beta=stage.beta, loss_type=list(stage.loss_type),
         loss_weights=list(stage.loss_weights) or None, padding_free=stage.padding_free,
         precompute_ref_log_probs=stage.precompute_ref_log_probs))
 
 
-def trainer(ctx: StageContext, tok: Any, pairs: Any, work: Path) -> DPOTrainer:
+def trainer(ctx: Any, tok: Any, pairs: Any, work: Path) -> Any:
     """A DPO trainer of the input model on `pairs` with the stage's settings (a candidate's beta and rate)."""
+    from pipeline.train.models import load_model
+    from pipeline.train.trainer import lora_config
+
     args = dpo_args(ctx.stage, work, ctx.cfg.seed, ctx.cfg.model.precision, ctx.cfg)
-    return SharedRefDPOTrainer(model=load_model(ctx.input_model, ctx.cfg.model), ref_model=None, args=args,
+    return shared_ref_trainer()(model=load_model(ctx.input_model, ctx.cfg.model), ref_model=None, args=args,
                                train_dataset=pairs, processing_class=tok, peft_config=lora_config(ctx.stage))
 
 
-def with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:
+def with_reference(ctx: Any, tok: Any, pairs: Any, path: Path) -> Any:
     """The pairs, tokenised, with the reference model's log-probs: computed once per stage (TRL's
     precompute, all ranks) and stored in `path`, so no candidate runs the reference model."""
+    import datasets
+
+    from pipeline.files import atomic_dir
+    from pipeline.train import preempt
+    from pipeline.train.distributed import main_writes
+    from pipeline.train.precision import matmul_precision
+
     if not path.is_dir():
-        work = ctx.stage_dir / "reference"  # the trainer's output folder: it trains nothing, nothing is saved
+        work = ctx.reference_dir  # the trainer's output folder: it trains nothing, nothing is saved
         # at the precision of the candidates' training steps, which compare their log-probs with these
         with preempt.collective("computing the reference log-probs"), matmul_precision(ctx.stage.matmul_precision):
             computed = trainer(ctx, tok, pairs, work).train_dataset
@@ -127,20 +225,26 @@ def with_reference(ctx: StageContext, tok: Any, pairs: Any, path: Path) -> Any:
     return datasets.load_from_disk(str(path))
 
 
-def train_candidate(ctx: StageContext, tok: Any, pairs: Any) -> dict:
+def train_candidate(ctx: Any, tok: Any, pairs: Any) -> dict:
     """Train one model on `pairs` into `ctx.out_dir/model` (checkpoints in `work/`); return the training metrics."""
-    return fit(trainer(ctx, tok, pairs, ctx.out_dir / "work"), tok, ctx.out_dir, ctx.stage.nonfinite_limit,
+    from pipeline.train.trainer import fit
+
+    return fit(trainer(ctx, tok, pairs, ctx.work_dir), tok, ctx.out_dir, ctx.stage.nonfinite_limit,
                ctx.stage.matmul_precision)
 
 
-def run(ctx: StageContext) -> dict:
+def run(ctx: Any) -> dict:
     """Train one model (the stage's settings, or a sweep candidate's) into `ctx.out_dir/model`."""
+    import datasets
+
+    from pipeline.train.models import load_tokenizer
+
     tok = load_tokenizer(ctx.input_model, ctx.cfg.model, need_template=True)
-    shared = ctx.stage_dir / ("pairs_ref" if ctx.stage.precompute_ref_log_probs else "pairs")
+    shared = ctx.ref_pairs_dir if ctx.stage.precompute_ref_log_probs else ctx.pairs_dir
     if shared.is_dir():  # prepared for an earlier candidate
         pairs = datasets.load_from_disk(str(shared))
     else:
-        pairs = on_disk(preference_pairs(ctx), ctx.stage_dir / "pairs")
+        pairs = on_disk(preference_pairs(ctx), ctx.pairs_dir)
         if ctx.stage.precompute_ref_log_probs:
             pairs = with_reference(ctx, tok, pairs, shared)
     log.info("candidate %s: training (beta %g, lr %g) on %d pairs", ctx.out_dir.name, ctx.stage.beta,

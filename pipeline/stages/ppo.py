@@ -12,28 +12,94 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-from accelerate import Accelerator
+from pipeline.errors import ConfigError
+from pipeline.settings import Columns, StageKind, StageSettings, arg
 
-from pipeline.files import write_text
-from pipeline.logs import figure
-from pipeline.rl.actor_critic import PPOLoop, ValueModel
-from pipeline.rl.heldout import greedy_reward, heldout_rows
-from pipeline.rl.rewards import load_prompts, resolve_reward_model, reward_function
-from pipeline.runfolder import StageContext
-from pipeline.train.distributed import main_writes
-from pipeline.train.models import load_model, load_tokenizer
-from pipeline.train.precision import load_dtype, matmul_precision, mixed_precision
-from pipeline.train.trainer import lora_config, save_checkpoint
+if TYPE_CHECKING:
+    from pipeline.rl.actor_critic import PPOLoop, ValueModel
 
 log = logging.getLogger("pipeline")
+
+
+@dataclass
+class RlSettings(StageSettings):
+    """What the RL stages (ppo, grpo) share: the reward and how responses are sampled."""
+
+    reward: str = arg("verifiable: the `#### N` answer checked against `answer`; model: a reward model", "verifiable")
+    reward_model: str = arg("a checkpoint path, or the name of an earlier `reward` stage", "")
+    format_reward: float = arg("added when the response has a `#### N` line at all", 0.0)
+    max_new_tokens: int = arg("most tokens generated per response", 128)
+    temperature: float = arg("sampling temperature of the rollouts", 1.0)
+    backend: str = arg("hf | vllm: grpo samples with TRL's vLLM integration (colocate mode); ppo samples with "
+                       "transformers only", "hf", added=True)
+
+
+@dataclass
+class PpoSettings(RlSettings):
+    """Our actor-critic PPO on accelerate. `max_steps` counts PPO updates; `mixture` gives prompts (+ answers)."""
+
+    value_init: str = arg("policy | reward_model: where the value model starts", "policy")
+    rollout_batch_size: int = arg("prompts per update and process", 16)
+    unfinished_penalty: float = arg("reward for a response that never ends (no EOS within max_new_tokens)", -1.0)
+    kl_coef: float = arg("weight of the per-token KL penalty against the reference (initial value when adaptive)", 0.05)
+    kl_estimator: str = arg("k1 | k3", "k1")
+    kl_target: float = arg("> 0: adaptive KL coefficient (Ziegler et al.) aiming at this KL", 0.0)
+    gamma: float = arg("discount factor of GAE", 1.0)
+    lam: float = arg("lambda of GAE", 0.95)
+    ppo_epochs: int = arg("passes over each rollout batch", 4)
+    num_minibatches: int = arg("minibatches per pass (each one optimiser step)", 4)
+    clip_range: float = arg("policy ratio clip range", 0.2)
+    clip_range_value: float = arg("value clip range around the rollout's values", 0.2)
+    vf_coef: float = arg("weight of the value loss", 0.5)
+    whiten_advantages: bool = arg("normalise advantages to zero mean and unit variance across processes", True)
+
+
+class Rl(StageKind):
+    """What the RL kinds share: prompts (with answers for the verifiable reward), sampled by the stage itself."""
+
+    generates = True
+
+    def columns(self, stage: Any) -> Columns:
+        return [("prompt", "answer")] if stage.reward == "verifiable" else [("prompt",)]
+
+
+class Ppo(Rl):
+    name, settings, help, order = "ppo", PpoSettings, "actor-critic PPO", 70
+    defaults = {"learning_rate": 1e-6, "lr_scheduler_type": "constant", "max_steps": 100}  # noqa: RUF012
+
+    def check(self, cfg: Any, name: str) -> None:
+        stage = cfg[name]
+        if stage.backend == "vllm":
+            raise ConfigError(f"'{name}.backend' is vllm: PPO's rollouts come from the policy being trained in this "
+                              "process, and loading its new weights into a vLLM engine before each rollout is not "
+                              f"implemented; use {name}.backend=hf, or the grpo stage with grpo.backend=vllm (TRL's "
+                              "colocated vLLM)")
+        parts = stage.num_minibatches * max(1, stage.gradient_accumulation_steps)
+        if stage.rollout_batch_size % parts:
+            raise ConfigError(f"{name}.rollout_batch_size={stage.rollout_batch_size} must be divisible by "
+                              f"{name}.num_minibatches x {name}.gradient_accumulation_steps = {stage.num_minibatches} "
+                              f"x {max(1, stage.gradient_accumulation_steps)} = {parts}")
+
+    def train(self, ctx: Any) -> dict:
+        return run(ctx)
+
+
+KIND = Ppo()
 SUMMARY = ("reward_mean", "reward_std", "kl", "entropy", "clipfrac", "approx_kl", "value_loss", "explained_variance",
            "response_length")
 
 
-def _value_model(ctx: StageContext, pad_id: int) -> ValueModel:
+def _value_model(ctx: Any, pad_id: int) -> ValueModel:
+    import torch
+
+    from pipeline.rl.actor_critic import ValueModel
+    from pipeline.rl.rewards import resolve_reward_model
+    from pipeline.train.models import load_model
+    from pipeline.train.precision import load_dtype
+
     stage = ctx.stage
     policy_init = stage.value_init == "policy"
     source = ctx.input_model if policy_init else resolve_reward_model(stage.reward_model, ctx.stage_dir)
@@ -45,8 +111,10 @@ def _value_model(ctx: StageContext, pad_id: int) -> ValueModel:
     return ValueModel(classifier)
 
 
-def _prompts(ctx: StageContext, tok: Any) -> list[dict]:
+def _prompts(ctx: Any, tok: Any) -> list[dict]:
     """The mixture's prompts as rows {prompt, answer, input_ids (the rendered prompt)}."""
+    from pipeline.rl.rewards import load_prompts
+
     rows = []
     for row in load_prompts(ctx.stage, ctx.cfg, "ppo"):
         ids = tok.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)
@@ -54,8 +122,11 @@ def _prompts(ctx: StageContext, tok: Any) -> list[dict]:
     return rows
 
 
-def _models(ctx: StageContext, tok: Any, device: Any) -> tuple[Any, Any, ValueModel]:
+def _models(ctx: Any, tok: Any, device: Any) -> tuple[Any, Any, ValueModel]:
     """Policy (with a LoRA adapter when asked), reference (None with LoRA: the disabled adapter) and value model."""
+    from pipeline.train.models import load_model
+    from pipeline.train.trainer import lora_config
+
     policy = load_model(ctx.input_model, ctx.cfg.model).to(device)
     policy.generation_config.pad_token_id = tok.pad_token_id
     ref = None
@@ -68,21 +139,36 @@ def _models(ctx: StageContext, tok: Any, device: Any) -> tuple[Any, Any, ValueMo
     return policy, ref, _value_model(ctx, tok.pad_token_id).to(device)
 
 
-def _save(ctx: StageContext, loop: PPOLoop, model: Any, tok: Any, history: list[dict]) -> None:
+def _save(ctx: Any, loop: PPOLoop, model: Any, tok: Any, history: list[dict]) -> None:
     """The policy as `model/` (atomically), the value model, the update history; the work folder stays until the
     stage's record says trained (the orchestrator removes it then)."""
+    from pipeline.files import write_text
+    from pipeline.train.distributed import main_writes
+    from pipeline.train.trainer import save_checkpoint
+
     def write(tmp):
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-    save_checkpoint(ctx.out_dir / "model", write)
+    save_checkpoint(ctx.model_dir, write)
     with main_writes() as main:
         if main:
-            loop.acc.unwrap_model(loop.value).model.save_pretrained(ctx.out_dir / "value_model")
-            write_text(ctx.out_dir / "history.json", json.dumps(history, indent=1))
+            loop.acc.unwrap_model(loop.value).model.save_pretrained(ctx.value_model_dir)
+            write_text(ctx.history_file, json.dumps(history, indent=1))
 
 
-def run(ctx: StageContext) -> dict:
+def run(ctx: Any) -> dict:
     """Train the policy with PPO into `ctx.out_dir/model`; return the loop's metrics and the held-out rewards."""
+    import torch
+    from accelerate import Accelerator
+
+    from pipeline.logs import figure
+    from pipeline.rl.actor_critic import PPOLoop
+    from pipeline.rl.heldout import greedy_reward, heldout_rows
+    from pipeline.rl.rewards import resolve_reward_model, reward_function
+    from pipeline.train.distributed import main_writes
+    from pipeline.train.models import load_tokenizer
+    from pipeline.train.precision import matmul_precision, mixed_precision
+
     stage, cfg = ctx.stage, ctx.cfg
     if stage.reward == "model" or stage.value_init == "reward_model":
         resolve_reward_model(stage.reward_model, ctx.stage_dir)  # fail early with a clear message
@@ -99,10 +185,10 @@ def run(ctx: StageContext) -> dict:
     before = greedy_reward(policy, tok, heldout, stage.max_new_tokens) if main else None
     with main_writes() as is_main:
         if is_main:
-            (ctx.out_dir / "work").mkdir(parents=True, exist_ok=True)
+            ctx.work_dir.mkdir(parents=True, exist_ok=True)
     loop = PPOLoop(stage, accelerator, policy, value, ref, prompts, reward_fn, tok.pad_token_id, tok.eos_token_id,
-                   ctx.out_dir / "work", seed=cfg.seed,
-                   log_path=ctx.out_dir / f"updates-rank{accelerator.process_index}.jsonl")
+                   ctx.work_dir, seed=cfg.seed,
+                   log_path=ctx.updates_log(accelerator.process_index))
     with matmul_precision(stage.matmul_precision):  # the loop's rollouts and updates
         metrics = loop.train()
     model = accelerator.unwrap_model(loop.policy)
@@ -116,4 +202,4 @@ def run(ctx: StageContext) -> dict:
              ", ".join(f"{k} {figure(v)}" for k, v in summary.items()))
     return {**metrics, "heldout_reward_before": before, "heldout_reward_after": after,
             "heldout_prompts": len(heldout), "last_updates": summary, "world_size": accelerator.num_processes,
-            "value_model": str(ctx.out_dir / "value_model")}
+            "value_model": str(ctx.value_model_dir)}

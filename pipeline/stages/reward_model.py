@@ -9,53 +9,84 @@ with its tokenizer, which PPO / GRPO load (`pipeline.rl.rewards`) through `rewar
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from omegaconf import DictConfig
-from trl import RewardConfig as TrlRewardConfig
-from trl import RewardTrainer
-
-from pipeline.config import ConfigError
-from pipeline.data.mixtures import load_mixture
-from pipeline.rl.rewards import RewardModel, as_chat
-from pipeline.runfolder import StageContext
-from pipeline.train.distributed import is_main
-from pipeline.train.models import load_model, load_tokenizer
-from pipeline.train.trainer import common_args, fit, lora_config, trl_config
+from pipeline.errors import ConfigError
+from pipeline.settings import Columns, StageKind, StageSettings, arg
 
 log = logging.getLogger("pipeline")
+
+
+@dataclass
+class RewardSettings(StageSettings):
+    """A reward model trained by TRL's RewardTrainer on preference pairs (sequence classifier, 1 output)."""
+
+    center_rewards_coefficient: float = arg("TRL's penalty pulling rewards towards zero mean; 0: off", 0.0)
+
+
+class Reward(StageKind):
+    name, settings, trl_config = "reward", RewardSettings, "trl:RewardConfig"
+    order = 60
+    help, model_class, pairs = "a reward model for ppo / grpo", "classifier", True
+    defaults = {"learning_rate": 1e-5}  # noqa: RUF012
+
+    def columns(self, stage: Any) -> Columns:
+        return [("chosen", "rejected")]
+
+    def trainer_args(self, stage: Any, work_dir: Any, seed: int, precision: str, run: Any = None) -> Any:
+        return reward_args(stage, work_dir, seed, precision, run)
+
+    def train(self, ctx: Any) -> dict:
+        return run(ctx)
+
+
+KIND = Reward()
 
 
 def _text(message_or_chat) -> str:
     return message_or_chat if isinstance(message_or_chat, str) else message_or_chat[-1]["content"]
 
 
-@torch.no_grad()
 def pair_accuracy(model, tok, pairs, batch_size: int = 32) -> float:
     """Fraction of pairs whose chosen response scores above the rejected one."""
+    import torch
+
+    from pipeline.rl.rewards import RewardModel, as_chat
+
     scorer = RewardModel(model, tok, batch_size)
     was_training = model.training
     model.eval()
     try:
-        prompts = [as_chat(p["prompt"]) for p in pairs]
-        good = scorer(prompts, [_text(p["chosen"]) for p in pairs])
-        bad = scorer(prompts, [_text(p["rejected"]) for p in pairs])
+        with torch.no_grad():
+            prompts = [as_chat(p["prompt"]) for p in pairs]
+            good = scorer(prompts, [_text(p["chosen"]) for p in pairs])
+            bad = scorer(prompts, [_text(p["rejected"]) for p in pairs])
     finally:
         model.train(was_training)
     return sum(g > b for g, b in zip(good, bad, strict=True)) / max(1, len(pairs))
 
 
-def reward_args(stage: Any, work_dir: Path, seed: int, precision: str,
-                run: DictConfig | None = None) -> TrlRewardConfig:
-    """RewardTrainer arguments for the stage's settings, its `trainer` mapping over them."""
+def reward_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Any = None) -> Any:
+    """RewardTrainer arguments for the stage's settings, its TRL-named keys over them."""
+    from trl import RewardConfig as TrlRewardConfig
+
+    from pipeline.train.trainer import common_args, trl_config
+
     return trl_config(TrlRewardConfig, stage, dict(**common_args(stage, work_dir, seed, precision, run),
                                                    center_rewards_coefficient=stage.center_rewards_coefficient or None))
 
 
-def run(ctx: StageContext) -> dict:
+def run(ctx: Any) -> dict:
     """Train the input checkpoint as a reward model into `ctx.out_dir/model`; return its held-out pair accuracy."""
+    from trl import RewardTrainer
+
+    from pipeline.data.mixtures import load_mixture
+    from pipeline.train.distributed import is_main
+    from pipeline.train.models import load_model, load_tokenizer
+    from pipeline.train.trainer import fit, lora_config
+
     stage, cfg = ctx.stage, ctx.cfg
     tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
     data = load_mixture(stage.mixture, cfg)
@@ -69,12 +100,12 @@ def run(ctx: StageContext) -> dict:
     model.config.pad_token_id = tok.pad_token_id
     main = is_main()
     before = pair_accuracy(model, tok, test) if main else None
-    args = reward_args(stage, ctx.out_dir / "work", cfg.seed, cfg.model.precision, cfg)
+    args = reward_args(stage, ctx.work_dir, cfg.seed, cfg.model.precision, cfg)
     trainer = RewardTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                             peft_config=lora_config(stage))
     metrics = fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit, stage.matmul_precision)
     if main:
-        trained = load_model(ctx.out_dir / "model", cfg.model, "classifier", saved=True)
+        trained = load_model(ctx.model_dir, cfg.model, "classifier", saved=True)
         after = pair_accuracy(trained, tok, test)
         log.info("reward model: held-out pair accuracy %.3f -> %.3f (%d pairs)", before, after, len(test))
     else:

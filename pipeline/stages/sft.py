@@ -1,5 +1,6 @@
-"""SFT and reasoning mid-training: one code path (TRL's SFTTrainer; same trainer, different data and settings).
-An extension's base-model pretraining may use it too.
+"""SFT and reasoning mid-training: one code path (TRL's SFTTrainer; same trainer, different data and settings),
+registered as two kinds, `sft` and `midtrain` (its defaults: plain documents, wrapped packing). An extension's
+base-model pretraining may use it too.
 
 `format: chat` trains on `messages` through the tokenizer's chat template with assistant-only loss
 and packing; `format: text` tokenises documents itself (chat rows rendered through the template),
@@ -10,21 +11,60 @@ cache (`pipeline.tokcache`). LoRA trains an adapter and saves a merged full chec
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
-from omegaconf import DictConfig
-from trl import SFTConfig, SFTTrainer
-
-from pipeline.config import ConfigError, cache_dir
-from pipeline.data import chat, packing, tokcache
-from pipeline.data.mixtures import load_mixture
-from pipeline.runfolder import StageContext
-from pipeline.train.models import load_model, load_tokenizer
-from pipeline.train.trainer import common_args, fit, lora_config, trl_config
+from pipeline.errors import ConfigError
+from pipeline.settings import Columns, StageKind, StageSettings, arg
 
 log = logging.getLogger("pipeline")
+
+
+@dataclass
+class SftSettings(StageSettings):
+    """A TRL SFTTrainer stage; `sft` and `midtrain` share this schema and code path."""
+
+    format: str = arg("chat: `messages` with assistant-only loss; text: plain documents", "chat")
+    packing: bool = arg("pack several rows into each sequence", True)
+    packing_strategy: str = arg("bfd | bfd_split | wrapped", "bfd")
+    assistant_only_loss: bool = arg("train only on assistant turns (needs format=chat)", True)
+    train_sampling_strategy: str = arg(
+        "random | group_by_length: batches of similar lengths, less padding (see docs/telemetry.md) | "
+        "batch_rebalance: each optimizer step's rows drawn at random, then sorted by length into its "
+        "gradient-accumulation micro-batches (transformers' BatchRebalanceSampler): less padding, the same rows per "
+        "step", "random")
+    activation_offloading: bool = arg("TRL's activation offloading: saved activations go to CPU memory during the "
+                                      "forward pass and come back for the backward; for long sequences (CUDA)", False,
+                                      added=True, resumable=True)
+    dataset_num_proc: int = arg("processes tokenising this stage's rows (datasets map num_proc); progress in rows/s",
+                                1, added=True, resumable=True)
+
+
+class Sft(StageKind):
+    name, settings, trl_config, order = "sft", SftSettings, "trl:SFTConfig", 10
+    help = "supervised fine-tuning (chat)"
+
+    def columns(self, stage: Any) -> Columns:
+        return [("messages",)] if stage.format == "chat" else [("text",), ("messages",)]
+
+    def check(self, cfg: Any, name: str) -> None:
+        if cfg[name].assistant_only_loss and cfg[name].format != "chat":
+            raise ConfigError(f"'{name}.assistant_only_loss' needs format=chat")
+
+    def trainer_args(self, stage: Any, work_dir: Any, seed: int, precision: str, run: Any = None) -> Any:
+        return sft_args(stage, work_dir, seed, precision, run)
+
+    def train(self, ctx: Any) -> dict:
+        return run(ctx)
+
+
+class Midtrain(Sft):
+    name, help, order = "midtrain", "reasoning mid-training (text)", 20
+    defaults = {"format": "text", "packing_strategy": "wrapped", "assistant_only_loss": False}  # noqa: RUF012
+
+
+KINDS = (Sft(), Midtrain())
 
 
 def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
@@ -43,6 +83,8 @@ def check_lengths(dataset: Any, stage: Any, name: str) -> int:
     packing splits them (`wrapped`, `bfd_split`). The count is logged; if every row would be cut,
     the stage is refused (the data or max_length is wrong).
     """
+    import pyarrow.compute as pc
+
     if stage.packing and stage.packing_strategy in ("wrapped", "bfd_split"):
         return 0
     lengths = pc.list_value_length(dataset.with_format("arrow")["input_ids"]).to_numpy()
@@ -56,43 +98,60 @@ def check_lengths(dataset: Any, stage: Any, name: str) -> int:
     return long
 
 
-def sft_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> SFTConfig:
-    """SFTTrainer arguments for an SFT / mid-training stage (its `trainer` mapping over them; the run `run`, when
+def sft_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Any = None) -> Any:
+    """SFTTrainer arguments for an SFT / mid-training stage (its TRL-named keys over them; the run `run`, when
     given, for its tracking settings)."""
+    from trl import SFTConfig
+
+    from pipeline.data import packing
+    from pipeline.train.trainer import common_args, trl_config
+
     wrapped = stage.packing and stage.packing_strategy == "wrapped"
     return trl_config(SFTConfig, stage, dict(
         **common_args(stage, work_dir, seed, precision, run),
         packing=stage.packing and not packing.applies(stage),  # ours: rows kept apart (packing.py)
         packing_strategy=stage.packing_strategy,
         padding_free=stage.padding_free and not wrapped,
-        train_sampling_strategy=stage.sampling,
+        train_sampling_strategy=stage.train_sampling_strategy,
         assistant_only_loss=False,  # rows come tokenised; their `assistant_masks` column masks the loss
         include_num_input_tokens_seen="non_padding",
     ))
 
 
 def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, stage_dir: Path, seed: int,
-          cache: Path, run: DictConfig | None = None) -> dict:
+          cache: Path, run: Any = None) -> dict:
     """SFT / mid-training of `model_path` on `dataset` into `stage_dir/model`; return the metrics.
 
     The rows are tokenised once into `cache` (see `tokcache`). Intermediate checkpoints go to
     `stage_dir/work`; if one exists the run resumes from it.
     """
+    from trl import SFTTrainer
+
+    from pipeline.data import packing, tokcache
+    from pipeline.runfolder import work_dir
+    from pipeline.train.models import load_model
+    from pipeline.train.trainer import fit, lora_config
+
     check_columns(dataset, stage, tok, stage_dir.name)
     dataset = tokcache.tokenised(dataset, stage, tok, cache, stage_dir.name)
     truncated = check_lengths(dataset, stage, stage_dir.name)
     packed = packing.applies(stage)
     if packed:
         dataset = packing.pack(dataset, stage.max_length, stage.packing_strategy)
-    args = sft_args(stage, stage_dir / "work", seed, model_cfg.precision, run)  # first: ZeRO-3 then shards the load
+    args = sft_args(stage, work_dir(stage_dir), seed, model_cfg.precision, run)  # first: ZeRO-3 then shards the load
     trainer = SFTTrainer(model=load_model(model_path, model_cfg), args=args, train_dataset=dataset,
                          processing_class=tok, peft_config=lora_config(stage),
                          data_collator=packing.collator(tok) if packed else None)
     return {**fit(trainer, tok, stage_dir, stage.nonfinite_limit, stage.matmul_precision), "truncated_rows": truncated}
 
 
-def run(ctx: StageContext) -> dict:
+def run(ctx: Any) -> dict:
     """Train the input checkpoint on the stage's mixture; the result lands in `ctx.out_dir/model`."""
+    from pipeline.config import cache_dir
+    from pipeline.data import chat
+    from pipeline.data.mixtures import load_mixture
+    from pipeline.train.models import load_tokenizer
+
     tok = load_tokenizer(ctx.input_model, ctx.cfg.model, need_template=ctx.stage.format == "chat")
     render = None
     if ctx.stage.format == "text" and tok.chat_template:

@@ -17,9 +17,8 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from pipeline.config import TrainConfig
 from pipeline.files import atomic_dir, publish_dir, temp_name, write_json
-from pipeline.stages.sft import train
+from pipeline.stages.sft import SftSettings, train
 from pipeline.tiny.data import data_dir, tiny_dir
 from pipeline.train.distributed import main_value, main_writes
 from pipeline.train.models import load_tokenizer
@@ -76,9 +75,9 @@ def _init_model(path: Path, tok: PreTrainedTokenizerFast, tiny: dict) -> None:
 
 
 def _pretrain_settings(tiny: Any) -> Any:
-    return OmegaConf.structured(TrainConfig(
+    return OmegaConf.structured(SftSettings(
         mixture="tiny pretrain", format="text", packing_strategy="wrapped", assistant_only_loss=False,
-        activation_checkpointing=False, matmul_precision=tiny.matmul_precision,
+        gradient_checkpointing=False, matmul_precision=tiny.matmul_precision,
         learning_rate=tiny.pretrain_learning_rate, lr_scheduler_type="cosine",
         warmup_ratio=0.05, max_grad_norm=1.0, max_steps=tiny.pretrain_steps, logging_steps=50,
         per_device_train_batch_size=tiny.pretrain_batch_size, max_length=tiny.pretrain_max_length,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from transformers import TrainerCallback
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 from transformers.trainer_utils import TrainOutput
@@ -28,6 +28,8 @@ from transformers.trainer_utils import TrainOutput
 from pipeline.data import prep
 from pipeline.errors import MemoryAlert, TrainingFailed
 from pipeline.files import commit_dir, fsync_tree, read_json, temp_name, write_json
+from pipeline.runfolder import model_dir
+from pipeline.settings import passed_through
 from pipeline.train import precision as prec
 from pipeline.train import preempt, progress, tracking
 from pipeline.train.distributed import is_main, main_value, main_writes, trainer_state_args
@@ -55,7 +57,7 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Dict
         per_device_train_batch_size=stage.per_device_train_batch_size,
         gradient_accumulation_steps=stage.gradient_accumulation_steps,
         max_length=stage.max_length,
-        gradient_checkpointing=stage.activation_checkpointing,  # activation_checkpointing from transformers 5.20
+        gradient_checkpointing=stage.gradient_checkpointing,
         logging_steps=stage.logging_steps,
         logging_first_step=True,
         save_steps=stage.save_steps,
@@ -71,12 +73,12 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Dict
 
 
 def trl_config(cls: type, stage: Any, computed: dict) -> Any:
-    """The TRL config `cls` from the arguments the pipeline computes, with the stage's `trainer` mapping over them
-    (its keys are checked before the run starts: `pipeline.stages.trl_args.check`). Secret values (`hub_token`)
-    reach it as `redact.Secret`: a pickle of the config (`training_args.bin`) holds them redacted."""
+    """The TRL config `cls` from the arguments the pipeline computes, with the stage's keys that its settings do not
+    declare (TRL's own fields, checked when the config loads: `settings.passed_through`) over them. Secret values
+    (`hub_token`) reach it as `redact.Secret`: a pickle of the config (`training_args.bin`) holds them redacted."""
     from pipeline import redact
 
-    return cls(**{**computed, **redact.protect(OmegaConf.to_container(stage.trainer, resolve=True))})
+    return cls(**{**computed, **redact.protect(passed_through(stage))})
 
 
 def lora_config(stage: Any):
@@ -98,7 +100,7 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
         log.info("resuming %s from %s", out_dir.name, resume)
     trainer.add_callback(preempt.PreemptCallback())
     trainer.add_callback(NoStepPastTheEnd())
-    with disk_errors_explained(out_dir / "model"):
+    with disk_errors_explained(model_dir(out_dir)):
         try:
             result = trainer.train(resume_from_checkpoint=resume)
         except _Finished:  # resumed from the last step's checkpoint: its weights are the trained model
@@ -108,9 +110,9 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
             raise MemoryAlert(f"device memory over {MEMORY_LIMIT:.0%} in {out_dir.name} at step "
                               f"{trainer.state.global_step}; checkpoint saved in {work_dir}. Lower what a step needs "
                               "with settings a resume may change: halve per_device_train_batch_size and double "
-                              "gradient_accumulation_steps (the same training), or activation_checkpointing=true; "
+                              "gradient_accumulation_steps (the same training), or gradient_checkpointing=true; "
                               "then rerun with them to resume")
-        save_trained(trainer, tok, out_dir / "model")
+        save_trained(trainer, tok, model_dir(out_dir))
     unset_hf_deepspeed_config()  # ZeRO-3 must not partition what one process loads later (eval, sampling)
     return result, resume
 

