@@ -131,14 +131,15 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from pipeline.generation import engines
+    from pipeline.config import load_config
+    from pipeline.generation import engines, generator
 
     model = args.model or default_model()
     tok = AutoTokenizer.from_pretrained(model)
     vllm = importlib.util.find_spec("vllm") is not None
     if vllm:
         started = time.perf_counter()
-        with engines.engine(model, 0):
+        with generator.load(model, load_config([f"model.name_or_path={model}"]).model, "vllm"):
             print(f"vLLM engine start: {time.perf_counter() - started:.1f} s", flush=True)
     else:
         print("vLLM is not installed: measuring the transformers backends only (" + engines.INSTALL + ")")

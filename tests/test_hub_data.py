@@ -17,7 +17,7 @@ from trl.data_utils import apply_chat_template, is_conversational, maybe_apply_c
 
 from pipeline.config import load_config
 from pipeline.data.mixtures import fingerprints, hub_source, load_mixture, normalise
-from pipeline.generation.onpolicy import sample_answers
+from pipeline.generation.generator import Generator
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hub"
 MESSAGES = datasets.List({"content": datasets.Value("string"), "role": datasets.Value("string")})
@@ -140,5 +140,5 @@ def test_prompt_only_rows_reach_sampling_and_trl_as_chats(tmp_path, tiny_base):
         prompts = list(data["prompt"])
         rendered = [maybe_apply_chat_template({"prompt": p}, tok)["prompt"] for p in prompts]  # GRPO's rendering
         assert all(r.startswith("<|im_start|>user\n") and r.endswith("<|im_start|>assistant\n") for r in rendered)
-        samples = sample_answers(model, tok, prompts, k=2, max_new_tokens=3, temperature=1.0, batch_size=4, seed=0)
+        samples = Generator(tok, model, batch_size=4, seed=0).generate(prompts, 3, k=2, temperature=1.0)
         assert [len(s) for s in samples] == [2] * len(prompts)

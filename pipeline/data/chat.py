@@ -27,7 +27,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline import extension
 from pipeline.config import ConfigError
 
 CHATML = (
@@ -78,40 +77,7 @@ def template_kwargs(kwargs: dict | None) -> dict:
     return {k: v for k, v in (kwargs or {}).items() if v is not None}
 
 
-def check_chain(cfg: Any, rows: dict[str, list[tuple[str, dict]]] | None = None) -> None:
-    """Refuse, before any training, a chain with a chat stage when neither the base tokenizer nor
-    `model.chat_template` gives a chat template (SFT / mid-training with format chat, DPO, PPO, GRPO, reward), and a
-    template that cannot render the rows `rows` gives a stage (stage -> [(where, row)]: the first rows of each of its
-    sources, normalised, from the preflight). A base the recipe's extension builds is checked once it is built."""
-    chat = [n for n in cfg.stages if cfg[n].enabled and cfg[n].get("format", "chat") == "chat"]
-    renders = [n for n in cfg.stages if cfg[n].enabled and any("messages" in r or "prompt" in r
-                                                                for _, r in (rows or {}).get(n, []))]
-    if not chat and not renders:
-        return
-    path = cfg.model.name_or_path
-    if extension.builds_base(cfg):
-        path = extension.of(cfg).architecture(cfg)[0]
-        if not (path / "config.json").is_file():
-            return  # not built yet: it brings its own template, checked on the stage's rows when the stage starts
-    from pipeline.train.models import load_tokenizer  # here, not at the top: it imports torch
-
-    source = cfg.model.chat_template or cfg.model.tokenizer or cfg.model.name_or_path
-    try:
-        tok = load_tokenizer(path, cfg.model)
-    except (OSError, ValueError) as err:  # no tokenizer files, or files no tokenizer class reads
-        reason = " ".join(str(err).split())[:300] or type(err).__name__
-        raise ConfigError(f"cannot load the tokenizer of {cfg.model.tokenizer or path}: {reason}") from None
-    if not tok.chat_template:
-        if chat:
-            raise ConfigError(f"stage(s) {', '.join(chat)} need a chat template and the tokenizer of {source} has no "
-                              "chat template: set model.chat_template=chatml (built in) or to a Jinja file")
-        return
-    for name in renders:
-        for where, row in (rows or {})[name]:
-            _render_row(tok, cfg[name], row, f"stage '{name}': the chat template of {source} cannot render {where}")
-
-
-def _render_row(tok: Any, stage: Any, row: dict, what: str) -> None:
+def render_row(tok: Any, stage: Any, row: dict, what: str) -> None:
     """Render a normalised row as its stage will (assistant spans for assistant-only loss, prompts with the
     generation prompt, prompt + chosen / rejected); an error of the template is a ConfigError `what: reason`."""
     kwargs = row.get("chat_template_kwargs")

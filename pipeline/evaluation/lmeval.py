@@ -17,6 +17,7 @@ import logging
 import os
 import string
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ from pipeline.config import ROOT, ConfigError
 from pipeline.data.mixtures import hub_source
 from pipeline.evaluation import lmeval_fast
 from pipeline.files import write_text
-from pipeline.generation import engines
+from pipeline.generation import engines, generator
+from pipeline.train.models import engine_args
 
 log = logging.getLogger("pipeline")
 TASK_TEMPLATES = ROOT / "eval" / "tasks"
@@ -175,28 +177,25 @@ def selection(ev: dict) -> dict:
 
 def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, model_cfg: Any) -> dict:
     """Score one checkpoint with lm-eval (call on one process only); keep per-sample output in `out_dir`.
-    `ev["backend"]`: `hf` (the model loaded here, through `lmeval_fast` unless off) or `vllm` (lm-eval's vllm
-    model on the checkpoint's files, its engine started and stopped here)."""
+    `ev["backend"]`: `hf` (lm-eval's HF model around a generator loaded here, through `lmeval_fast` unless off) or
+    `vllm` (lm-eval's vllm model on the checkpoint's files with the loader's engine settings, started and stopped
+    here)."""
     from lm_eval import simple_evaluate
 
     started = time.time()
     fmt = prompt_format(ev)
     vllm = ev.get("backend") == "vllm"
     fast = not vllm and fast_generation(ev)
-    with lmeval_fast.applied() if fast else contextlib.nullcontext():
-        lm = _vllm_lm(model_path, ev, fmt) if vllm else _hf_lm(model_path, ev, fmt, model_cfg)
-        try:
-            quiet_progress(lm)
-            results = simple_evaluate(
-                model=lm, tasks=list(ev["tasks"]), num_fewshot=fmt["num_fewshot"], **selection(ev),
-                apply_chat_template=fmt["apply_chat_template"], fewshot_as_multiturn=fmt["fewshot_as_multiturn"],
-                gen_kwargs={"max_gen_toks": ev["max_gen_toks"]}, task_manager=_task_manager(ev, tasks_dir),
-                log_samples=True, random_seed=0, numpy_random_seed=1234, torch_random_seed=1234,
-                fewshot_random_seed=1234,
-            )
-        finally:
-            if vllm:
-                engines.shutdown(lm.model)
+    lm_model = _vllm_lm if vllm else _hf_lm
+    with lmeval_fast.applied() if fast else contextlib.nullcontext(), lm_model(model_path, ev, fmt, model_cfg) as lm:
+        quiet_progress(lm)
+        results = simple_evaluate(
+            model=lm, tasks=list(ev["tasks"]), num_fewshot=fmt["num_fewshot"], **selection(ev),
+            apply_chat_template=fmt["apply_chat_template"], fewshot_as_multiturn=fmt["fewshot_as_multiturn"],
+            gen_kwargs={"max_gen_toks": ev["max_gen_toks"]}, task_manager=_task_manager(ev, tasks_dir),
+            log_samples=True, random_seed=0, numpy_random_seed=1234, torch_random_seed=1234,
+            fewshot_random_seed=1234,
+        )
     metrics, stderr = {}, {}
     for task, values in results["results"].items():
         for key, value in values.items():
@@ -224,30 +223,32 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     }
 
 
-def _hf_lm(model_path: str | Path, ev: dict, fmt: dict, model_cfg: Any) -> Any:
-    """lm-eval's HF model around the checkpoint as saved (its own tokenizer and template), loaded here: lm-eval
-    then starts no Accelerator of its own, which in a multi-process launch would share the samples with ranks
-    that are not evaluating (GPUs) or take on DeepSpeed's settings."""
-    import torch
+@contextlib.contextmanager
+def _hf_lm(model_path: str | Path, ev: dict, fmt: dict, model_cfg: Any) -> Iterator[Any]:
+    """lm-eval's HF model around a generator on the checkpoint as saved (its own tokenizer and template), loaded
+    here: lm-eval then starts no Accelerator of its own, which in a multi-process launch would share the samples
+    with ranks that are not evaluating (GPUs) or take on DeepSpeed's settings."""
     from lm_eval.models.huggingface import HFLM
 
-    from pipeline.train.models import load_model, load_tokenizer
-    from pipeline.train.precision import inference_dtype
-
-    model = load_model(model_path, model_cfg, saved=True, dtype=inference_dtype(model_cfg.precision))
-    model = model.to("cuda" if torch.cuda.is_available() else "cpu")
-    tok = load_tokenizer(model_path, model_cfg, saved=True)
-    return HFLM(pretrained=model, tokenizer=tok, batch_size=ev["batch_size"],
-                chat_template_args=fmt["chat_template_kwargs"])
+    with generator.load(model_path, model_cfg, saved=True) as gen:
+        yield HFLM(pretrained=gen.model, tokenizer=gen.tokenizer, batch_size=ev["batch_size"],
+                   chat_template_args=fmt["chat_template_kwargs"])
 
 
-def _vllm_lm(model_path: str | Path, ev: dict, fmt: dict) -> Any:
-    """lm-eval's vllm model on the checkpoint's files, handed `eval.batch_size` requests at a time (a number: with
-    "auto", lm-eval asks vLLM for a progress bar, which fails under TQDM_DISABLE)."""
+@contextlib.contextmanager
+def _vllm_lm(model_path: str | Path, ev: dict, fmt: dict, model_cfg: Any) -> Iterator[Any]:
+    """lm-eval's vllm model on the checkpoint's files, its engine built with the loader's settings for `model_cfg`
+    (`models.engine_args`: precision and trust_remote_code) and shut down on leaving; handed `eval.batch_size`
+    requests at a time (a number: with "auto", lm-eval asks vLLM for a progress bar, which fails under
+    TQDM_DISABLE). lm-eval builds the engine itself: its model takes no engine built elsewhere."""
     with engines.starting():
-        return engines.lmeval_vllm_class()(pretrained=str(model_path), batch_size=ev["batch_size"],
-                                           max_gen_toks=ev["max_gen_toks"], seed=1234,
-                                           chat_template_args=fmt["chat_template_kwargs"], **engines.engine_args())
+        lm = engines.lmeval_vllm_class()(pretrained=str(model_path), batch_size=ev["batch_size"],
+                                         max_gen_toks=ev["max_gen_toks"], seed=1234,
+                                         chat_template_args=fmt["chat_template_kwargs"], **engine_args(model_cfg))
+    try:
+        yield lm
+    finally:
+        engines.shutdown(lm.model)
 
 
 def merge(earlier: dict, later: dict, ev: dict) -> dict:

@@ -26,6 +26,8 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from pipeline.generation.generator import greedy_until
+
 # what `applied` replaces and `greedy_until` / `kvcache.BufferedLayer` build on: (module, attribute, its parameters
 # as `inspect.signature` lists them, "*" / "**" for *args / **kwargs; None: any callable)
 TARGETS = (
@@ -138,53 +140,6 @@ def stopped(lm: Any, ids: list[int], stop: list[str], window: int) -> bool:
     return any(s in lm.tok_decode(ids[-window:]) for s in stop) and any(s in lm.tok_decode(ids) for s in stop)
 
 
-def greedy_until(lm: Any, context: Any, attention_mask: Any, max_length: int, stop: list[str]) -> Any:
-    """Greedy continuation of a left-padded batch, as `lm.model.generate` under lm-eval would give it; each row
-    leaves the batch at an EOS id or once one of `stop` shows in `lm.tok_decode` of its tokens. Returns
-    `context` followed by the generated ids, finished rows padded with the pad id."""
-    import inspect
-
-    import torch
-
-    from pipeline.generation.kvcache import buffered_cache
-
-    model, eos = lm.model, set(eos_ids(lm.model.generation_config))
-    accepts = inspect.signature(model.forward).parameters
-    last = {"logits_to_keep": 1} if "logits_to_keep" in accepts else {}
-    window = max((len(lm.tokenizer.encode(s, add_special_tokens=False)) for s in stop), default=0) + 2
-    cache = buffered_cache(model.config, max_length)
-    cached = {"cache" if "cache" in accepts else "past_key_values": cache}  # transformers 5.2x renamed it
-    rows, mask = torch.arange(len(context), device=context.device), attention_mask
-    generated: list[list[int]] = [[] for _ in range(len(context))]
-    dtype = getattr(lm, "mixed_precision_dtype", None)
-    with torch.no_grad(), torch.autocast(device_type=context.device.type, dtype=dtype, enabled=dtype is not None):
-        position = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        logits = model(input_ids=context, attention_mask=mask, position_ids=position, use_cache=True,
-                       **cached, **last).logits
-        for step in range(max_length - context.shape[1]):
-            tokens = logits[:, -1].float().argmax(-1)
-            live = []
-            for j, (i, token) in enumerate(zip(rows.tolist(), tokens.tolist(), strict=True)):
-                generated[i].append(token)
-                if token not in eos and not stopped(lm, generated[i], stop, window):
-                    live.append(j)
-            if not live or step == max_length - context.shape[1] - 1:
-                break
-            if len(live) < len(rows):
-                index = torch.tensor(live, device=context.device)
-                cache.batch_select_indices(index)
-                rows, mask, tokens = rows[index], mask[index], tokens[index]
-            mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=-1)
-            position = mask.long().sum(-1, keepdim=True) - 1
-            logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=position,
-                           use_cache=True, **cached).logits
-    out = context.new_full((len(context), context.shape[1] + max(map(len, generated))), lm.tokenizer.pad_token_id)
-    out[:, :context.shape[1]] = context
-    for i, ids in enumerate(generated):
-        out[i, context.shape[1]:context.shape[1] + len(ids)] = torch.tensor(ids, dtype=out.dtype)
-    return out
-
-
 @contextlib.contextmanager
 def applied() -> Iterator[None]:
     """Within: lm-eval renders templates through `render`, reports the environment gathered once and generates
@@ -195,9 +150,12 @@ def applied() -> Iterator[None]:
     own = HFLM._model_generate
 
     def generate(lm: Any, context: Any, max_length: int, stop: list[str], **kwargs: Any) -> Any:
-        if plain_greedy(lm, stop, kwargs):
-            return greedy_until(lm, context, kwargs["attention_mask"], max_length, stop)
-        return own(lm, context, max_length, stop, **kwargs)
+        if not plain_greedy(lm, stop, kwargs):
+            return own(lm, context, max_length, stop, **kwargs)
+        window = max((len(lm.tokenizer.encode(s, add_special_tokens=False)) for s in stop), default=0) + 2
+        return greedy_until(lm.model, context, kwargs["attention_mask"], max_length,
+                            set(eos_ids(lm.model.generation_config)), lm.tokenizer.pad_token_id,
+                            lambda ids: stopped(lm, ids, stop, window), getattr(lm, "mixed_precision_dtype", None))
 
     patches = [(utils, "apply_template", render), (HFLM, "_model_generate", generate),
                (evaluator, "add_env_info", lambda storage: storage.update(_environment())),

@@ -3,8 +3,8 @@
 `DynamicLayer.update` appends each step's keys and values with `torch.cat`, which copies the whole cache every
 step in every layer. `BufferedLayer` allocates each layer's buffers once, for the whole generation, and hands
 attention views of the filled part: bitwise the same logits.
-`lmeval_fast.greedy_until` uses it, with `eval.fast_generation` on and only while `lmeval_fast.drift()` finds the
-`DynamicLayer` / `DynamicCache` methods it builds on as expected.
+Our greedy loop (`generator.greedy_until`) uses it for lm-eval's greedy requests, with `eval.fast_generation` on and
+only while `lmeval_fast.drift()` finds the `DynamicLayer` / `DynamicCache` methods it builds on as expected.
 """
 
 from __future__ import annotations

@@ -6,23 +6,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pipeline.evaluation.gsm import is_correct
-from pipeline.generation import engines
-from pipeline.generation.generate import generate
-from pipeline.train.models import load_model, load_tokenizer
-from pipeline.train.precision import inference_dtype
+from pipeline.generation import generator
 
 Chat = list[dict]
-
-
-def sample_answers(model: Any, tokenizer: Any, prompts: list[Chat], k: int, max_new_tokens: int,
-                   temperature: float, batch_size: int, seed: int) -> list[list[str]]:
-    """For each chat prompt, `k` sampled completions (new tokens only, special tokens skipped)."""
-    torch.manual_seed(seed)
-    return generate(model, tokenizer, prompts, batch_size, max_new_tokens, k=k, do_sample=True,
-                    temperature=temperature)
 
 
 def build_pairs(prompts: list[Chat], answers: list[str], samples: list[list[str]],
@@ -51,19 +38,13 @@ def build_pairs(prompts: list[Chat], answers: list[str], samples: list[list[str]
 def on_policy_pairs(model_path: str | Path, model_cfg: Any, prompts: list[Chat], answers: list[str], k: int,
                     max_new_tokens: int, temperature: float, batch_size: int, seed: int,
                     backend: str = "hf", reference_chosen: bool = False) -> tuple[list[dict], dict]:
-    """Sample from the model at `model_path` under its chat template as the stage trains it (`model.*` settings)
-    and build pairs. `hf`: the model loaded in `model.precision`'s inference dtype; `vllm`: a vLLM engine (its
-    start counted in `sampling_s`)."""
-    tokenizer = load_tokenizer(model_path, model_cfg)
+    """Sample `k` answers per prompt from the model at `model_path` under its chat template as the stage trains it
+    (`model.*` settings) with the one generator (`generator.load`: `hf` or `vllm`, its start counted in
+    `sampling_s`), and build pairs."""
     started = time.perf_counter()
-    if backend == "vllm":
-        with engines.engine(model_path, seed) as llm:
-            samples = engines.sample(llm, prompts, k, max_new_tokens, temperature, tokenizer.chat_template)
-    else:
-        model = load_model(model_path, model_cfg, dtype=inference_dtype(model_cfg.precision))
-        if torch.cuda.is_available():
-            model.to("cuda")
-        samples = sample_answers(model, tokenizer, prompts, k, max_new_tokens, temperature, batch_size, seed)
+    with generator.load(model_path, model_cfg, backend, seed, batch_size=batch_size) as gen:
+        samples = gen.generate(prompts, max_new_tokens, k, temperature)
+        tokenizer = gen.tokenizer
     pairs, stats = build_pairs(prompts, answers, samples, reference_chosen)
     generated = sum(len(tokenizer(s, add_special_tokens=False).input_ids) for group in samples for s in group)
     return pairs, {**stats, "backend": backend, "generated_tokens": generated,

@@ -1,3 +1,2 @@
-"""Reinforcement learning and sampling: the actor-critic PPO loop (`actor_critic`), sequence rewards
-(`rewards`), left-padded batched generation (`generation`), held-out scoring (`heldout`) and on-policy
-preference pairs for DPO (`onpolicy`)."""
+"""Reinforcement learning: the actor-critic PPO loop (`actor_critic`), sequence rewards (`rewards`) and held-out
+scoring (`heldout`); they generate through `pipeline.generation.generator`."""

@@ -1,15 +1,15 @@
 """Actor-critic PPO for causal LMs on accelerate: the math (GAE, whitening, KL estimators, clipped
 losses) as pure functions, and one rollout -> update loop (`PPOLoop`).
 
-Per update each process takes its own slice of the prompts, samples responses with the KV cache
-(stop at EOS or `max_new_tokens`), scores them once (`reward_fn`, per sequence), and builds per-token
-rewards: `-kl_coef * KL(policy || reference)` on every response token plus the sequence score on the
-last one. GAE over the value model's per-token values gives advantages (whitened across all
-processes) and returns; then `ppo_epochs` passes over `num_minibatches` minibatches (each split into
-`gradient_accumulation_steps` micro-batches) minimise the clipped policy loss plus `vf_coef` x the
-clipped value loss, with gradient clipping. Statistics are reduced across processes, so every rank
-logs the same numbers. Checkpoints (`work/update-N`) hold policy, value, optimiser, scheduler, the
-update index, the KL coefficient and every rank's RNG state; a restarted loop resumes from the last.
+Per update each process takes its own slice of the prompts, samples responses through the one generator
+(`generation.generator.continue_ids`: stop at EOS or `max_new_tokens`), scores them once (`reward_fn`, per
+sequence), and builds per-token rewards: `-kl_coef * KL(policy || reference)` on every response token plus the
+sequence score on the last one. GAE over the value model's per-token values gives advantages (whitened across
+all processes) and returns; then `ppo_epochs` passes over `num_minibatches` minibatches (each split into
+`gradient_accumulation_steps` micro-batches) minimise the clipped policy loss plus `vf_coef` x the clipped
+value loss, with gradient clipping. Statistics are reduced across processes, so every rank logs the same
+numbers. Checkpoints (`work/update-N`) hold policy, value, optimiser, scheduler, the update index, the KL
+coefficient and every rank's RNG state; a restarted loop resumes from the last.
 
 Tokens: the old log-probabilities are computed in the same micro-batches, in the same order, as the
 first minibatch of the first epoch, so there the probability ratio is exactly 1.
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
+from pipeline.generation.generator import continue_ids
 from pipeline.train import preempt
 from pipeline.train.distributed import any_rank, main_writes
 from pipeline.train.trainer import save_checkpoint
@@ -239,14 +240,12 @@ class PPOLoop:
         policy.eval()
         started = time.time()
         prompt_ids, prompt_mask = self._left_pad(rows)
-        gen = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True,
-                              temperature=args.temperature, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens,
-                              pad_token_id=self.pad_id, eos_token_id=self.eos_id, use_cache=True)
+        responses = continue_ids(policy, prompt_ids, prompt_mask, args.max_new_tokens, self.pad_id, self.eos_id,
+                                 temperature=args.temperature)
         gen_time = time.time() - started
         p = prompt_ids.shape[1]
-        responses = gen[:, p:]
         if responses.shape[1] == 0:
-            responses = torch.full((len(rows), 1), self.pad_id, dtype=torch.long, device=gen.device)
+            responses = torch.full((len(rows), 1), self.pad_id, dtype=torch.long, device=prompt_ids.device)
         rmask, ended = response_mask(responses, self.eos_id)
         responses = torch.where(rmask.bool(), responses, torch.full_like(responses, self.pad_id))
         ids = torch.cat([prompt_ids, responses], dim=1)

@@ -8,7 +8,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pipeline.extension import heldout_problems
-from pipeline.generation.generate import generate
+from pipeline.generation.generator import Generator
 from pipeline.rl.rewards import as_chat, verifiable
 
 
@@ -21,5 +21,5 @@ def greedy_reward(model: Any, tok: Any, rows: list[dict], max_new_tokens: int, b
     """Mean verifiable reward (exact `#### N` match) of greedy answers to `rows`; NaN without rows."""
     if not rows:
         return float("nan")
-    outs = generate(model, tok, [r["prompt"] for r in rows], batch_size, max_new_tokens, do_sample=False)
+    outs = Generator(tok, model, batch_size=batch_size).generate([r["prompt"] for r in rows], max_new_tokens)
     return sum(verifiable(o[0], r["answer"]) for o, r in zip(outs, rows, strict=True)) / len(rows)

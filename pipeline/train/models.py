@@ -1,5 +1,6 @@
-"""The one way the pipeline loads a model or a tokenizer: every `from_pretrained` of either goes through here,
-with the recipe's `model.*` settings (trust_remote_code, attn_implementation, the dtype policy of `precision`).
+"""The one way the pipeline loads a model or a tokenizer: every `from_pretrained` of either, and every vLLM engine,
+goes through here, with the recipe's `model.*` settings (trust_remote_code, attn_implementation, the dtype policy
+of `precision`).
 
 Two sources: a checkpoint the recipe starts from or trains on (`saved=False`: the tokenizer is `model.tokenizer`
 when set, `model.chat_template` is applied to it and the model is fitted to its tokens, `fit_model`), and a
@@ -7,10 +8,13 @@ checkpoint as saved, with its own tokenizer (`saved=True`: a trained stage's mod
 scored as it is; the template fitting it went through is in its files).
 
 Kinds: `causal` (a causal LM) and `classifier` (a one-output sequence classifier: reward and value models).
+A vLLM engine (`load_engine`, `engine_args`) reads the checkpoint's own files and tokenizer, in the inference dtype
+of `model.precision`, as a model loaded for generation here is.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 from pipeline.config import ConfigError
 from pipeline.data import chat
 from pipeline.train.distributed import deepspeed_on
-from pipeline.train.precision import load_dtype
+from pipeline.train.precision import inference_dtype, load_dtype
 
 KINDS = {"causal": (AutoModelForCausalLM, {}), "classifier": (AutoModelForSequenceClassification, {"num_labels": 1})}
 
@@ -79,3 +83,25 @@ def fit_model(model: Any, model_cfg: Any, path: str | Path) -> Any:
         if getattr(model, "generation_config", None) is not None:  # classifiers have none
             model.generation_config.eos_token_id = tok.eos_token_id
     return model
+
+
+def engine_args(model_cfg: Any) -> dict:
+    """`vllm.LLM` arguments for the `model.*` settings on this machine: `trust_remote_code`, the inference dtype of
+    `model.precision` (`precision.inference_dtype`, as `load_model` is asked for generation and evaluation); on CPU
+    eager execution, a 2 GiB KV cache and every core (`VLLM_CPU_KVCACHE_SPACE`, `VLLM_CPU_NUM_OF_RESERVED_CPU`
+    unless set: vLLM keeps one core back by default, half of a 2-core machine); on GPUs half the memory, leaving the
+    rest to a training process on the same device."""
+    settings = {"dtype": str(inference_dtype(model_cfg.precision)).removeprefix("torch."),
+                "trust_remote_code": model_cfg.trust_remote_code}
+    if torch.cuda.is_available():
+        return {**settings, "gpu_memory_utilization": 0.5}
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    return {**settings, "enforce_eager": True}
+
+
+def load_engine(path: str | Path, model_cfg: Any, seed: int) -> Any:
+    """A vLLM engine on the checkpoint at `path` (its own tokenizer) with `engine_args`, sampling with `seed`."""
+    from vllm import LLM
+
+    return LLM(model=str(path), seed=seed, **engine_args(model_cfg))
