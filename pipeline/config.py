@@ -488,7 +488,7 @@ def _check_passed(cfg: DictConfig, name: str, kind: StageKind) -> None:
 def _validate_sweep(cfg: DictConfig, name: str) -> None:
     """A stage's sweep names its settings with non-empty value lists; soup and merge need a grid and a metric."""
     stage = cfg[name]
-    for key, values in stage.sweep.items():
+    for key, values in [(k, v) for k, v in stage.sweep.items() if v is not None]:
         if key in ("kind", "sweep", "candidate", "soup", "merge", "eval", "gate", "mixture", "enabled") or (
                 key not in stage):
             raise ConfigError(f"'{name}.sweep.{key}': sweep a training setting of {name} that it sets"
@@ -566,15 +566,20 @@ def _validate_trackers(names: list[str]) -> None:
 SHORT = {"learning_rate": "lr"}  # a swept setting's name in candidate ids
 
 
+def swept(stage: Any) -> list[str]:
+    """The settings a stage sweeps, in name order (a null in its `sweep` mapping: not swept)."""
+    return sorted(k for k, v in stage.sweep.items() if v is not None)
+
+
 def sweeps(stage: Any) -> bool:
     """Whether the stage trains its model through a sweep: a grid, a soup or a merge."""
-    return bool(stage.sweep) or bool(stage.soup.top_k) or bool(stage.merge.stage)
+    return bool(swept(stage)) or bool(stage.soup.top_k) or bool(stage.merge.stage)
 
 
 def grid(stage: Any) -> list[dict]:
     """A stage's sweep candidates: every combination of its swept settings (settings in name order, values
     ascending), each with its id (e.g. `beta0.5-lr3e-06`); one candidate of the stage's own values unswept."""
-    keys = sorted(stage.sweep)
+    keys = swept(stage)
     values = [sorted(stage.sweep[k]) for k in keys]
     def word(value: Any) -> str:
         return f"{value:g}" if isinstance(value, float | int) and not isinstance(value, bool) else str(value)

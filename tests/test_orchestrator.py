@@ -20,7 +20,7 @@ from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 from pipeline.evaluation import lmeval
 from pipeline.run import main
-from pipeline.stages import STAGES
+from pipeline.stages import kinds
 
 N = 40  # problems per task
 GATE = "tiny_gsm/exact_match,strict-match"
@@ -71,7 +71,7 @@ def chain(tmp_path, monkeypatch):
         fake = Chain(scores)
         fakes.append(fake)
         for kind in ("sft", "midtrain"):
-            monkeypatch.setitem(STAGES, kind, fake.train)
+            monkeypatch.setattr(kinds()[kind], "train", fake.train)
         monkeypatch.setattr(lmeval, "run_eval", fake.run_eval)
         code = main(["recipe=tiny", *FAST, f"output_root={tmp_path / 'runs'}", f"cache_dir={tmp_path / 'cache'}",
                      f"model.name_or_path={base}", "model.chat_template=chatml", *overrides])

@@ -139,10 +139,10 @@ def test_one_candidate_option_is_checked_and_leaves_the_fingerprint_alone():
     from pipeline.config import ConfigError, load_config, stage_section
 
     base = ["recipe=tiny", "stages=[sft,midtrain,dpo]"]  # the tiny sweep: 2 betas x 2 learning rates
-    one = load_config([*base, "dpo.sweep.candidate=3"])
+    one = load_config([*base, "dpo.candidate=3"])
     assert stage_section(one, "dpo") == stage_section(load_config(base), "dpo")
-    for bad in ("dpo.sweep.candidate=4", "dpo.sweep.candidate=-1"):
+    for bad in ("dpo.candidate=4", "dpo.candidate=-1"):
         with pytest.raises(ConfigError, match=re.escape("the sweep has 4 candidate(s), numbered 0 to 3")):
             load_config([*base, bad])
     with pytest.raises(ConfigError, match="list dpo in 'stages'"):
-        load_config(["recipe=tiny", "stages=[sft]", "dpo.sweep.candidate=0"])
+        load_config(["recipe=tiny", "stages=[sft]", "dpo.candidate=0"])

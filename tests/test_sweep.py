@@ -1,4 +1,4 @@
-"""The DPO sweep (`pipeline.chain.sweep`) on hand-built candidates: grid, selection, ties, soup and merge, reuse.
+"""A stage's sweep (`pipeline.chain.sweep`), here the DPO stage's, on hand-built candidates: grid, selection, ties, soup and merge, reuse.
 
 Candidates are one-tensor safetensors checkpoints: "training" writes a weight derived from the candidate's
 beta and learning rate, "evaluation" scores a checkpoint by reading its weight back, so soups and merges are
@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.chain import sweep
-from pipeline.config import ConfigError, grid, load_config
+from pipeline.config import ConfigError, grid, load_config, sweeps
 from pipeline.runfolder import StageContext, StageRecord, candidate_dir
 
 METRIC = "gsm8k_local_val/exact_match,flexible-extract"  # the smol recipe's dpo gate metric
@@ -77,14 +77,14 @@ def test_the_grid_is_beta_by_learning_rate_ascending_with_readable_ids(tmp_path)
     smol = grid(load_config(["recipe=smol"]).dpo)
     assert len(smol) == 9 and smol[0]["id"] == "beta0.025-lr5e-07" and smol[-1]["id"] == "beta0.1-lr2e-06"
     one = grid(_ctx(tmp_path, "dpo.sweep.learning_rate=null").stage)  # unswept: the stage's own learning rate
-    assert [c["id"] for c in one] == ["beta0.1-lr1e-06", "beta0.2-lr1e-06"]
+    assert one == [{"id": "beta0.1", "beta": 0.1}, {"id": "beta0.2", "beta": 0.2}]  # ids name what is swept
     none = grid(_ctx(tmp_path, "dpo.sweep.beta=null", "dpo.sweep.learning_rate=null", "dpo.beta=0.3").stage)
-    assert none == [{"id": "beta0.3-lr1e-06", "beta": 0.3, "learning_rate": 1e-6}]
+    assert none == [{"id": "single"}]  # unswept: one candidate of the stage's own settings
 
 
 def test_is_sweep_and_the_selection_scores_the_gate_task_only(tmp_path):
     cfg = _ctx(tmp_path).cfg
-    assert sweep.is_sweep(cfg.dpo) and not sweep.is_sweep(cfg.sft)
+    assert sweeps(cfg.dpo) and not sweeps(cfg.sft)
     ev = {"tasks": ["gsm8k_local_val", "gsm8k_local"], "limit": None}
     assert sweep.selection_settings(ev, METRIC) == {"tasks": ["gsm8k_local_val"], "limit": None}
     assert sweep.selection_settings(ev, "other_task/acc") == ev  # not one of the tasks: scored on all of them
@@ -123,9 +123,11 @@ def test_a_candidate_without_the_metric_ranks_last(tmp_path):
 def test_a_sweep_of_one_candidate_needs_no_gate_metric(tmp_path):
     with pytest.raises(ConfigError, match="picks its model among 4 sweep candidate"):
         _ctx(tmp_path, "dpo.gate.metric=")
-    ctx = _ctx(tmp_path, "dpo.gate.metric=", "dpo.sweep.beta=null", "dpo.sweep.learning_rate=null")
-    trained = _run(ctx, Fakes({"beta0.05-lr1e-06": 3}))
-    assert trained.metrics["selected"] == "beta0.05-lr1e-06" and trained.metrics["selected_by"] is None
+    unswept = _ctx(tmp_path, "dpo.gate.metric=", "dpo.sweep.beta=null", "dpo.sweep.learning_rate=null")
+    assert not sweeps(unswept.stage)  # trained directly, as any stage without a sweep
+    ctx = _ctx(tmp_path, "dpo.gate.metric=", "dpo.sweep.beta=[0.05]", "dpo.sweep.learning_rate=null")
+    trained = _run(ctx, Fakes({"beta0.05": 3}))
+    assert trained.metrics["selected"] == "beta0.05" and trained.metrics["selected_by"] is None
 
 
 def test_a_failed_candidate_stops_the_sweep_and_the_rerun_trains_only_what_is_left(tmp_path):

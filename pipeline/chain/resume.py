@@ -18,7 +18,15 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain.basemodel import base_settings
-from pipeline.config import ConfigError, EvalConfig, ModelConfig, fingerprint_view, stage_section, training_view
+from pipeline.config import (
+    ConfigError,
+    EvalConfig,
+    ModelConfig,
+    fingerprint_view,
+    stage_section,
+    swept,
+    training_view,
+)
 from pipeline.data import mixtures as data
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import fingerprint
@@ -105,7 +113,7 @@ def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
         inputs = fingerprint({"kind": name, "data": sources, "upstream": upstream, "seed": cfg.seed})
         trains = training_view(config, schema)
         fp = fingerprint({"inputs": inputs, "config": trains})
-        shared = {k: v for k, v in trains.items() if k not in (*PER_CANDIDATE, *cfg[name].sweep)}
+        shared = {k: v for k, v in trains.items() if k not in (*PER_CANDIDATE, *swept(cfg[name]))}
         prepared = fingerprint({"inputs": inputs, "config": shared})
         record = StageRecord.read(stage_dir(root, i, name))
         redo = name in cfg.redo and not (record.redone and record.fingerprint == fp)  # a redo is carried out once

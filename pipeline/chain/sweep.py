@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from pipeline import redact
 from pipeline.chain import merge
-from pipeline.config import ConfigError, grid, stage_section, training_view
+from pipeline.config import ConfigError, grid, stage_section, swept, training_view
 from pipeline.evaluation import stats
 from pipeline.files import atomic_dir, fingerprint
 from pipeline.runfolder import (
@@ -201,7 +201,7 @@ def _trained_with(ctx: StageContext, selected: StageRecord) -> dict:
     without the swept ones (its ingredients had several) plus its sources and weights."""
     if selected.candidate not in ("soup", "merge"):
         return selected.config
-    swept = set(ctx.stage.sweep)
+    names = set(swept(ctx.stage))
     stage = OmegaConf.to_container(ctx.stage, resolve=True)
-    return redact.config({**{k: v for k, v in stage.items() if k not in NOT_TRAINING and k not in swept},
+    return redact.config({**{k: v for k, v in stage.items() if k not in NOT_TRAINING and k not in names},
                           **selected.config})
