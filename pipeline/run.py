@@ -31,6 +31,7 @@ from pipeline.config import (  # noqa: E402
     swept_candidate,
 )
 from pipeline.errors import ConfigError, MemoryAlert, Preempted, TrainingFailed  # noqa: E402
+from pipeline.stages import kinds  # noqa: E402
 
 BAD_INPUT_GRACE_S = 10  # how long a rank other than the main one waits before it exits on bad input
 
@@ -39,8 +40,8 @@ USAGE = """\
 usage: smol-pipeline [launcher options] [--] [recipe=NAME] [key=value ...]
        python pipeline/run.py [recipe=NAME] [key=value ...]      (one process, no launcher)
 
-Trains a chain of post-training stages (sft, midtrain, dpo, reward, ppo, grpo) on a base model, evaluates each
-checkpoint and checks its gate; the run folder is <output_root>/<run_name> (runs/<recipe> by default), with
+Trains a chain of post-training stages on a base model (stage kinds: {kinds}), evaluates
+each checkpoint and checks its gate; the run folder is <output_root>/<run_name> (runs/<recipe> by default), with
 leaderboard.html and pipeline.log in it. Rerunning the same command resumes.
 
 Recipes (recipe=NAME, recipes/NAME.yaml; default {default}):
@@ -48,7 +49,9 @@ Recipes (recipe=NAME, recipes/NAME.yaml; default {default}):
 
 Common overrides (dotted keys over the recipe):
   stages=[sft,dpo]                 the stages to run, in order
-  sft.learning_rate=1e-4           a stage's setting: <stage>.<key> (sft.max_steps=50, dpo.beta=0.1, ...)
+  sft.learning_rate=1e-4           a stage's setting: <stage>.<key> (sft.max_steps=50, dpo.beta=0.1, ...), or any
+                                   field of the TRL config it builds, under TRL's name (sft.neftune_noise_alpha=5)
+  sft.sweep={{learning_rate: [1e-5,3e-5]}}   a sweep: one candidate per value; the gate metric selects
   model.name_or_path=HuggingFaceTB/SmolLM2-135M-Instruct   the base model: a Hub id or a local checkpoint
   output_root=/scratch/runs        where run folders go; run_name=try2 names this one
   eval.tasks=[gsm8k] eval.limit=200   what each checkpoint is scored on
@@ -72,7 +75,8 @@ Examples:
 
 def usage() -> str:
     """The pipeline's own usage: recipes, common overrides, `help=true`, exit codes, examples."""
-    return USAGE.format(default=DEFAULT_RECIPE, recipes="\n".join(_recipe_line(r) for r in available_recipes()))
+    return USAGE.format(default=DEFAULT_RECIPE, recipes="\n".join(_recipe_line(r) for r in available_recipes()),
+                        kinds=", ".join(kinds()))
 
 
 def _recipe_line(name: str) -> str:
