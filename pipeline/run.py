@@ -40,9 +40,9 @@ USAGE = """\
 usage: smol-pipeline [launcher options] [--] [recipe=NAME] [key=value ...]
        python pipeline/run.py [recipe=NAME] [key=value ...]      (one process, no launcher)
 
-Trains a chain of post-training stages on a base model (stage kinds: {kinds}), evaluates
-each checkpoint and checks its gate; the run folder is <output_root>/<run_name> (runs/<recipe> by default), with
-leaderboard.html and pipeline.log in it. Rerunning the same command resumes.
+Trains a chain of post-training stages on a base model, evaluates each checkpoint and checks its gate; the run
+folder is <output_root>/<run_name> (runs/<recipe> by default), with leaderboard.html and pipeline.log in it.
+Rerunning the same command resumes. Stage kinds: {kinds}.
 
 Recipes (recipe=NAME, recipes/NAME.yaml; default {default}):
 {recipes}
