@@ -1,4 +1,5 @@
-"""A stage's sweep (`pipeline.chain.sweep`), here the DPO stage's, on hand-built candidates: grid, selection, ties, soup and merge, reuse.
+"""A stage's sweep (`pipeline.chain.sweep`), here the DPO stage's, on hand-built candidates: grid, selection,
+ties, soup and merge, reuse.
 
 Candidates are one-tensor safetensors checkpoints: "training" writes a weight derived from the candidate's
 beta and learning rate, "evaluation" scores a checkpoint by reading its weight back, so soups and merges are
@@ -63,7 +64,7 @@ def _ctx(root: Path, *overrides: str) -> StageContext:
 
 
 def _run(ctx: StageContext, fakes: Fakes, stage_fp: str = "fp"):
-    return sweep.run(ctx, stage_fp, fakes.train, fakes.evaluate)
+    return sweep.run(ctx, stage_fp, grid(ctx.stage), fakes.train, fakes.evaluate)
 
 
 def _weights(*values: float) -> dict[str, float]:
@@ -176,7 +177,7 @@ def test_a_candidate_is_retrained_when_its_model_is_gone_or_the_stage_changed(tm
 
 def test_one_candidate_alone_is_trained_for_an_array_task(tmp_path):
     ctx, fakes = _ctx(tmp_path), Fakes(_weights(1, 9, 12, 4))
-    records = sweep.train_candidates(ctx, "fp", fakes.train, fakes.evaluate, only=2)
+    records = sweep.train_candidates(ctx, "fp", grid(ctx.stage), fakes.train, fakes.evaluate, only=2)
     assert [r.candidate for r in records] == [IDS[2]] and fakes.trained == [IDS[2]]
     assert not (ctx.stage_dir / "model").exists()
     rest = Fakes(_weights(1, 9, 12, 4))

@@ -350,8 +350,8 @@ def _fit(run: Run, d: StageDecision, ctx: StageContext) -> Trained | None:
     def score(model: Path, out: Path) -> dict:
         return run.evaluate(model, select, out)
     if ctx.stage.candidate is None:
-        return sweep.run(ctx, d.inputs, train, score)  # scored on `select`'s tasks; `_score` adds the others
-    sweep.train_candidates(ctx, d.inputs, train, score, only=ctx.stage.candidate)
+        return sweep.run(ctx, d.inputs, d.grid, train, score)  # scored on `select`'s tasks; `_score` adds the rest
+    sweep.train_candidates(ctx, d.inputs, d.grid, train, score, only=ctx.stage.candidate)
     return None
 
 

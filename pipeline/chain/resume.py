@@ -12,7 +12,7 @@ it again; a run without the redo forgets it. Every rank decides the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,7 +23,9 @@ from pipeline.config import (
     EvalConfig,
     ModelConfig,
     fingerprint_view,
+    grid,
     stage_section,
+    sweeps,
     swept,
     training_view,
 )
@@ -52,6 +54,7 @@ class StageDecision:
     inputs: str = ""  # what the stage starts from (kind, data, seed, upstream): sweep candidates key on it
     redo: bool = False  # this run retrains the stage because the user asked (redo=), once
     prepared: str = ""  # the key of the data the stage prepares in its folder (pairs, samples, reference log-probs)
+    grid: list[dict] = field(default_factory=list)  # its sweep's candidates (`config.grid`); empty: no sweep
 
 
 def base_fingerprint(cfg: DictConfig) -> str:
@@ -119,7 +122,7 @@ def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
         redo = name in cfg.redo and not (record.redone and record.fingerprint == fp)  # a redo is carried out once
         decision = StageDecision(i, name, stage_dir(root, i, name), fp, upstream,
                                  eval_fingerprint(fp, evaluate.settings(cfg, name)), "", sources, inputs, redo,
-                                 prepared)
+                                 prepared, grid(cfg[name]) if sweeps(cfg[name]) else [])
         decision.action = _action(decision, record, forced, config, schema)
         forced = forced or decision.action in ("train", "resume")
         out.append(decision)

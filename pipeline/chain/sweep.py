@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from pipeline import redact
 from pipeline.chain import merge
-from pipeline.config import ConfigError, grid, stage_section, swept, training_view
+from pipeline.config import ConfigError, stage_section, swept, training_view
 from pipeline.evaluation import stats
 from pipeline.files import atomic_dir, fingerprint
 from pipeline.runfolder import (
@@ -111,11 +111,10 @@ def _clear(folder: Path) -> None:
             shutil.rmtree(folder)
 
 
-def train_candidates(ctx: StageContext, inputs: str, train: Train, evaluate: Evaluate,
+def train_candidates(ctx: StageContext, inputs: str, cands: list[dict], train: Train, evaluate: Evaluate,
                      only: int | None = None) -> list[StageRecord]:
-    """Train (or reuse) and score the grid's candidates, or only the one numbered `only`; `inputs`: what the stage
-    starts from (`StageDecision.inputs`)."""
-    cands = grid(ctx.stage)
+    """Train (or reuse) and score the grid's candidates `cands` (`config.grid`, carried by the stage's decision), or
+    only the one numbered `only`; `inputs`: what the stage starts from (`StageDecision.inputs`)."""
     records = []
     for cand in cands if only is None else [cands[only]]:
         record = _candidate(ctx, inputs, cand, train, evaluate)
@@ -172,10 +171,10 @@ def versus_input(stage: Path, candidate_eval: Path, metric: str, half: str | Non
     return stats.paired_difference(eval_dir(source), candidate_eval, metric, half) if source else None
 
 
-def run(ctx: StageContext, inputs: str, train: Train, evaluate: Evaluate) -> Trained:
-    """Train every candidate, add soup / merge, select by the gate metric into `ctx.stage_dir/model`."""
+def run(ctx: StageContext, inputs: str, cands: list[dict], train: Train, evaluate: Evaluate) -> Trained:
+    """Train every candidate of `cands`, add soup / merge, select by the gate metric into `ctx.stage_dir/model`."""
     metric = ctx.stage.gate.metric
-    candidates = train_candidates(ctx, inputs, train, evaluate)
+    candidates = train_candidates(ctx, inputs, cands, train, evaluate)
     ranked = sorted(candidates, key=lambda r: -_value(r, metric))  # stable: ties keep grid order
     candidates += _soup_and_merge(ctx, inputs, ranked, evaluate)
     selected = max(candidates, key=lambda r: _value(r, metric))  # max keeps the first of equal values
