@@ -62,7 +62,7 @@ def test_an_sft_learning_rate_sweep_trains_each_rate_and_selects_on_the_gate_met
 def test_kto_and_orpo_train_their_input_on_preference_rows(chain, stage, rows):
     record = _record(chain / "stages" / stage)
     assert record["status"] == "done" and record["metrics"]["steps"] == 4 and record["metrics"][rows] > 0
-    before, after = _weights(Path(record["input_model"])), _weights(chain / "stages" / stage / "model")
+    before, after = _weights(chain / record["input_model"]), _weights(chain / "stages" / stage / "model")
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert "tiny_gsm" in json.dumps(record["eval"])  # scored like any stage
 
