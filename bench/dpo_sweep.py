@@ -1,6 +1,6 @@
 """DPO sweep: a 2 x 2 beta x learning-rate sweep with and without the shared reference log-probs and tokenisation.
 
-    python bench/dpo_sweep.py [--pairs 256] [--cache runs/.cache]
+    python bench/dpo_sweep.py [--pairs 256] [--cache runs/.cache] [override ...]
 
 Every variant trains the same 4 candidates (the tiny base model, `--pairs` of the `tiny_prefs` pairs,
 the tiny recipe's DPO settings: one epoch, batch 8) through the stage's own trainer and saves them:
@@ -12,6 +12,7 @@ the tiny recipe's DPO settings: one epoch, batch 8) through the stage's own trai
 - per_step: pairs in memory, each candidate tokenises them and runs the reference model at every
   step (TRL's default, `precompute_ref_log_probs=False`).
 
+Recipe overrides (e.g. `tiny.pretrain_steps=60`) apply to every variant and to the base model.
 The shared variant runs first, so it also pays the warm-up. Prints JSON with each variant's wall time
 and CPU time of this process (less sensitive to other jobs on the machine) and their ratios, measured
 in this run.
@@ -25,11 +26,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 from pipeline.config import grid, load_config
 from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
 from pipeline.tiny.model import ensure_base_model
 from pipeline.train.models import load_tokenizer
+
+
+def candidates(cfg: DictConfig) -> list[dict]:
+    """The DPO stage's sweep candidates: the one place this bench reads the sweep."""
+    return grid(cfg.dpo)
 
 
 def sweep(overrides: list[str], cache: str, base: Path, pairs: int, out: Path, shared: bool) -> tuple[float, float]:
@@ -44,7 +52,7 @@ def sweep(overrides: list[str], cache: str, base: Path, pairs: int, out: Path, s
     started, cpu = time.time(), time.process_time()
     if shared:
         data = dpo.with_reference(ctx, tok, dpo.on_disk(data, out / "pairs"), out / "pairs_ref")
-    for cand in grid(cfg.dpo):
+    for cand in candidates(cfg):
         dpo.train_candidate(ctx.for_candidate(cand), tok, data)
     return time.time() - started, time.process_time() - cpu
 
@@ -54,15 +62,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=256)
     parser.add_argument("--cache", default="runs/.cache")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides, e.g. tiny.pretrain_steps=60")
     args = parser.parse_args()
-    cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}"])
+    cfg = load_config(["recipe=tiny", f"cache_dir={args.cache}", *args.overrides])
     base = ensure_base_model(Path(args.cache), cfg.tiny, cfg.model, cfg.seed)
-    out = {"machine": "cpu", "candidates": len(grid(cfg.dpo)), "pairs": args.pairs}
+    out = {"machine": "cpu", "candidates": len(candidates(cfg)), "pairs": args.pairs}
     variants = {"shared": ([], True), "per_candidate": ([], False),
                 "per_step": (["dpo.precompute_ref_log_probs=false"], False)}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (overrides, shared) in variants.items():
-            wall, cpu = sweep(overrides, args.cache, base, args.pairs, Path(tmp) / name, shared)
+            wall, cpu = sweep([*args.overrides, *overrides], args.cache, base, args.pairs, Path(tmp) / name, shared)
             out[f"{name}_wall_s"], out[f"{name}_cpu_s"] = round(wall, 1), round(cpu, 1)
     for name in ("per_candidate", "per_step"):
         for kind in ("wall", "cpu"):

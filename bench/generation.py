@@ -1,7 +1,7 @@
 """Generation backends as the pipeline uses them, on one checkpoint: lm-eval evaluation and on-policy sampling.
 
     PYTHONPATH=. python bench/generation.py [--model PATH] [--limit 64] [--shots 0] [--max-new-tokens 256]
-        [--batch-size 64] [--rounds 2] [--samples 4] [--prompts 16] [--skip-sampling]
+        [--batch-size 64] [--rounds 2] [--samples 4] [--prompts 16] [--skip-sampling] [--skip-vllm]
 
 Evaluation: GSM8K problems (task gsm8k_local, chat template, greedy) scored through `run_eval` with stock lm-eval
 (`eval.fast_generation=false`), our fast greedy loop (`lmeval_fast`, the default) and lm-eval's vllm model
@@ -125,6 +125,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4, help="on-policy answers per prompt")
     parser.add_argument("--prompts", type=int, default=16, help="on-policy prompts")
     parser.add_argument("--skip-sampling", action="store_true")
+    parser.add_argument("--skip-vllm", action="store_true", help="only the transformers backends")
     args = parser.parse_args()
     if not 1 <= args.limit <= 500 or min(args.batch_size, args.rounds, args.samples, args.prompts) < 1:
         parser.error("--limit must be 1-500; --batch-size, --rounds, --samples and --prompts at least 1")
@@ -136,12 +137,12 @@ def main() -> None:
 
     model = args.model or default_model()
     tok = AutoTokenizer.from_pretrained(model)
-    vllm = importlib.util.find_spec("vllm") is not None
+    vllm = not args.skip_vllm and importlib.util.find_spec("vllm") is not None
     if vllm:
         started = time.perf_counter()
         with generator.load(model, load_config([f"model.name_or_path={model}"]).model, "vllm"):
             print(f"vLLM engine start: {time.perf_counter() - started:.1f} s", flush=True)
-    else:
+    elif not args.skip_vllm:
         print("vLLM is not installed: measuring the transformers backends only (" + engines.INSTALL + ")")
     tmp = Path(tempfile.mkdtemp(prefix="generation-"))
     evaluation(args, model, ["stock", "fast"] + ["vllm"] * vllm, tmp, tok)

@@ -70,7 +70,7 @@ def trl_settings(args, cfg, chats: int) -> dict[str, dict]:
     save) and the recipe's tokens per step, padded (`chats` chats per step: as many as a packed step holds),
     with TRL's packing (best-fit-decreasing, padding-free: the recipe's rows x `max_length` tokens in one
     flattened row) or with its padding-free batches of `chats` whole chats (flattened into one row)."""
-    fair = {"activation_checkpointing": False, "max_length": cfg.sft.max_length}
+    fair = {"gradient_checkpointing": False, "max_length": cfg.sft.max_length}  # TRL's name
     return {"trl_defaults": {"per_device_train_batch_size": args.batch},
             "trl_no_checkpointing": {**fair, "per_device_train_batch_size": chats},
             "trl_packed": {**fair, "packing": True, "per_device_train_batch_size": cfg.sft.per_device_train_batch_size},
