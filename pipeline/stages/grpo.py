@@ -50,7 +50,8 @@ def grpo_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Any = 
     return trl_config(GRPOConfig, stage, dict(
         **base, num_generations=stage.num_generations, max_completion_length=stage.max_new_tokens,
         temperature=stage.temperature, beta=stage.beta, include_num_input_tokens_seen="non_padding",
-        **({"use_vllm": True, "vllm_mode": "colocate"} if stage.get("backend") == "vllm" else {})))
+        **({"use_vllm": True, "vllm_mode": "colocate"} if stage.get("backend") == "vllm" else {}),
+        **({"trust_remote_code": run.model.trust_remote_code} if run is not None else {})))  # TRL's vLLM engine too
 
 
 def run(ctx: Any) -> dict:
