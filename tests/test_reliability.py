@@ -109,20 +109,6 @@ def test_a_checkpoint_cut_short_is_dropped_and_the_one_before_is_used(tmp_path, 
     assert record["metrics"]["resumed_from"].endswith("checkpoint-10")
 
 
-def test_a_kill_during_eval_rescores_without_retraining(tmp_path, cache_dir):
-    args = ["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST]
-    assert run_cli(*args).returncode == 0
-    stage = tmp_path / "tiny/stages/02-midtrain"
-    record = json.loads((stage / "stage.json").read_text())
-    (stage / "stage.json").write_text(json.dumps({**record, "status": "trained", "eval": None}))
-    model_time = (stage / "model/model.safetensors").stat().st_mtime_ns
-    again = run_cli(*args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "02-midtrain scored in" in again.stderr and "training from" not in again.stderr
-    assert (stage / "model/model.safetensors").stat().st_mtime_ns == model_time
-    assert json.loads((stage / "stage.json").read_text())["eval"]["metrics"]
-
-
 def test_lock_refuses_a_live_owner_touching_nothing_and_takes_over_an_expired_lease(reference, tmp_path, cache_dir):
     run = tmp_path / "tiny"
     shutil.copytree(reference, run)  # a finished run in another folder: its records name paths relative to it
