@@ -494,7 +494,9 @@ def _validate_sweep(cfg: DictConfig, name: str) -> None:
             raise ConfigError(f"'{name}.sweep.{key}': sweep a training setting of {name} that it sets"
                               f"{did_you_mean(str(key), declared(stage), f'{name}.sweep.')}")
         if not isinstance(values, ListConfig) or not values:
-            raise ConfigError(f"'{name}.sweep.{key}' is {_show(values)}: list the values to sweep, e.g. [1e-5, 3e-5]")
+            what = "an empty grid" if isinstance(values, ListConfig) else "not a list"
+            raise ConfigError(f"'{name}.sweep.{key}' is {_show(values)}, {what}: list the values to sweep, e.g. "
+                              f"[1e-5, 3e-5], or null to keep {name}.{key}")
         for value in values:
             _apply(OmegaConf.merge(stage), key, value, f"{name}.sweep.{key}")  # the setting's own type check
     size = len(grid(stage))

@@ -154,9 +154,9 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
                                                "stage 'dpo' needs rows with `chosen`, `rejected`; acme/chats[train] "
                                                "row 1"),
         "several problems, all reported at once": (
-            ["stages=[sft,ppo]", "ppo.rollout_batch_size=6", "ppo.num_minibatches=4",
-             "sft.gate.metric=tiny_gsm/acc,none", f"sft.mixture={_mixture(tmp, None)}"],
-            "3 problems: (1) ppo.rollout_batch_size=6"),
+            ["stages=[sft,ppo]", "sft.optim=adamw_nope", "sft.gate.metric=tiny_gsm/acc,none",
+             f"sft.mixture={_mixture(tmp, None)}"],
+            "3 problems: (1) bad value in 'sft': TRL's SFTConfig refuses it: adamw_nope"),
     }
     from transformers.utils import is_flash_attn_2_available
 
