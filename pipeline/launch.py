@@ -87,12 +87,13 @@ def one_process(args: object) -> None:
 def log_hint(recipe: list[str]) -> str:
     """`; log: <run>/pipeline.log` for the run these recipe arguments name, when that log exists."""
     from pipeline.config import ConfigError, load_config
+    from pipeline.runfolder import RunPaths
 
     try:
         cfg = load_config(recipe)
     except ConfigError:
         return ""
-    path = Path(cfg.output_root) / cfg.run_name / "pipeline.log"
+    path = RunPaths.of(cfg).log
     return f"; log: {path}" if path.is_file() else ""
 
 

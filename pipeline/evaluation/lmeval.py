@@ -29,6 +29,7 @@ from pipeline.data.mixtures import hub_source
 from pipeline.evaluation import lmeval_fast
 from pipeline.files import write_text
 from pipeline.generation import engines, generator
+from pipeline.runfolder import samples_file
 from pipeline.train.models import engine_args
 
 log = logging.getLogger("pipeline")
@@ -208,7 +209,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
                 metrics[f"{task}/{key}"] = float(value)
     for task, samples in results.get("samples", {}).items():
         lines = "".join(json.dumps(s, default=str) + "\n" for s in samples)
-        write_text(out_dir / f"samples_{task}.jsonl", lines)
+        write_text(samples_file(out_dir, task), lines)
     return {
         "metrics": metrics,
         "stderr": stderr,

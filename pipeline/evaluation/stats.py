@@ -18,6 +18,8 @@ import json
 import math
 from pathlib import Path
 
+from pipeline.runfolder import samples_file
+
 Z95 = 1.959964  # two-sided 95% normal quantile
 HALVES = {"selection": 0, "gate": 1}  # doc_id % 2 of each half of a swept stage's validation problems
 
@@ -27,7 +29,7 @@ def per_problem(eval_dir: Path, metric: str, half: str | None = None) -> dict[in
     only the problems of `half` (`HALVES`) when given; empty when the file does not exist."""
     task, _, rest = metric.partition("/")
     name, _, filt = rest.partition(",")
-    path = Path(eval_dir) / f"samples_{task}.jsonl"
+    path = samples_file(eval_dir, task)
     if not path.is_file():
         return {}
     rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from pipeline import extension
 from pipeline.files import write_text
-from pipeline.runfolder import BASE, StageRecord, stage_folders
+from pipeline.runfolder import BASE, StageRecord, model_dir, stage_folders
 
 FRAMEWORKS = ("transformers", "trl", "torch", "datasets", "accelerate", "peft", "lm_eval")
 KEYS = ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
@@ -166,7 +166,7 @@ def card(cfg: DictConfig, run_dir: Path, stage_dir: Path) -> ModelCard:
                          language=getattr(known, "language", None),
                          tags=["smol-pipeline", "trl", *dict.fromkeys(r.stage or "" for _, r in trained)],
                          eval_results=results or None)
-    model = _repo(cfg, name) or str(Path(stage_dir).resolve() / "model")
+    model = _repo(cfg, name) or str(model_dir(Path(stage_dir).resolve()))
     body = [f"# {cfg.run_name} / {name}", "",
             f"Trained by smol-pipeline (recipe `{cfg.recipe}`, seed {cfg.seed}) from base model `{base}`"
             + (f" (built by the recipe's extension `{cfg.extension}`)" if built else "") + ".", "",
@@ -181,7 +181,7 @@ def card(cfg: DictConfig, run_dir: Path, stage_dir: Path) -> ModelCard:
 def write(cfg: DictConfig, run_dir: Path, stage_dir: Path) -> Path | None:
     """Write `stage_dir/model/README.md` for the run `cfg` in `run_dir`; None when the stage has no checkpoint
     folder."""
-    model = Path(stage_dir) / "model"
+    model = model_dir(stage_dir)
     if not model.is_dir():
         return None
     write_text(model / "README.md", card(cfg, run_dir, stage_dir).content)  # atomic: sweep array tasks may race

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from pipeline.runfolder import run_dir
+from pipeline.runfolder import RunPaths, logs_dir, run_dir, stage_label
 
 
 def trainer_args(cfg: DictConfig | None, work_dir: Path) -> dict:
@@ -23,9 +23,9 @@ def trainer_args(cfg: DictConfig | None, work_dir: Path) -> dict:
     (`<run>/stages/<NN-stage>/[candidates/<id>/]work`); no tracking without a run or outside its folder."""
     root = run_dir(cfg).resolve() if cfg is not None else None
     out = Path(work_dir).resolve().parent  # the stage (or candidate) folder
-    if root is None or not out.is_relative_to(root / "stages"):
+    label = stage_label(out, root) if root is not None else None
+    if label is None:
         return {"report_to": "none"}
-    label = "/".join(p for p in out.relative_to(root / "stages").parts if p != "candidates")
     _local_dirs(list(cfg.report_to), root, out)
     args = {"report_to": list(cfg.report_to) or "none", "run_name": f"{cfg.run_name}/{label}"}
     if cfg.push_to_hub:
@@ -39,10 +39,10 @@ def _local_dirs(trackers: list[str], root: Path, stage: Path) -> None:
     variables they read when the trainer builds its callbacks (trackio's when it is first imported)."""
     every = "all" in trackers
     if every or "tensorboard" in trackers:
-        os.environ["TENSORBOARD_LOGGING_DIR"] = str(stage / "logs")
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(logs_dir(stage))
     if every or "trackio" in trackers:
-        os.environ.setdefault("TRACKIO_DIR", str(root / "trackio"))
+        os.environ.setdefault("TRACKIO_DIR", str(RunPaths(root).trackio))
     if every or "wandb" in trackers:
         os.environ.setdefault("WANDB_DIR", str(root))  # W&B writes <WANDB_DIR>/wandb/
     if every or "mlflow" in trackers:
-        os.environ.setdefault("MLFLOW_TRACKING_URI", (root / "mlruns").as_uri())  # not ./mlruns where it was started
+        os.environ.setdefault("MLFLOW_TRACKING_URI", RunPaths(root).mlruns.as_uri())  # not ./mlruns where it started
