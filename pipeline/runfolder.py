@@ -9,6 +9,10 @@ This is the one module that names a file or folder inside the run folder (`tests
 run's own files (`RunPaths`), a stage's or candidate's folder (`model_dir`, `work_dir`, `samples_dir`, ...) and
 what a stage prepares in it (`StageContext`'s paths). The files inside a checkpoint (`model/`) are its format's.
 
+While the chain runs it holds a `RunState`: the records, manifest and per-problem scores it writes are kept in
+memory as read back they would be, so that the gates, the sweep's statistics and the reports it builds after every
+stage read no file of its own from disk again (`recall`; the disk stays the record for a resume and other processes).
+
 `stage.json` is read and written here only (`StageRecord`); a field that is None is left out of the file. Its model
 paths inside the run folder are stored relative to it (`stages/01-sft/model`) and resolved when read, so a moved run
 folder resumes; a path outside it (the base model) is stored as given.
@@ -16,21 +20,95 @@ folder resumes; a path outside it (the base model) is stored as given.
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.files import RunLock, read_json, write_json
+from pipeline.files import RunLock, write_json, write_text
 
 BASE = "00-base"
 RECORD = "stage.json"
 STAGES = "stages"  # the run folder's folder of stage folders
 FINISHED = ("trained", "done")  # trained: its model is saved; done: scored too
 MODEL_PATHS = ("input_model", "output_model")  # record fields stored relative to the run folder when inside it
+
+
+T = TypeVar("T")
+
+
+class RunState:
+    """What the chain holds in memory of the files it writes into its run folder while it runs (`held`): each
+    `stage.json` record, the manifest, each eval folder's per-problem scores, as read back they would be; the
+    records, reports and statistics it builds after every stage read none of them from disk again. An entry stands
+    for its file only while the file is the one this process wrote (same inode, size and modification time): a
+    file rewritten or removed since is read from disk, as is every file another process wrote."""
+
+    def __init__(self) -> None:
+        self.files: dict[Path, tuple[tuple[int, int, int], Any]] = {}  # path -> (its stamp, its parsed content)
+
+    @contextmanager
+    def held(self) -> Iterator[RunState]:
+        """Make this the state that records and scores are read through and written into, for the block."""
+        _held.append(self)
+        try:
+            yield self
+        finally:
+            _held.remove(self)
+
+
+_held: list[RunState] = []  # the held states, innermost last
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What identifies the file now at `path` (inode, size, modification time); None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def remember(path: Path, value: Any) -> None:
+    """Right after this process wrote the file `path`: keep `value`, what reading it back would give, in the held
+    `RunState` (if any)."""
+    stamp = _stamp(path) if _held else None
+    if stamp is not None:
+        _held[-1].files[Path(path)] = (stamp, value)
+
+
+def recall(path: Path, parse: Callable[[str], T]) -> T | None:
+    """`parse` of the text of the file `path`: what the held `RunState` keeps while the file is still the one this
+    process wrote, else read from disk; None when it is absent or unreadable (`parse` raising ValueError)."""
+    kept = _held[-1].files.get(Path(path)) if _held else None
+    if kept is not None and kept[0] == _stamp(path):
+        return kept[1]
+    try:
+        return parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def copy_kept(source: Path, dest: Path) -> None:
+    """Copy the file `source` to `dest` (atomically); what the held `RunState` keeps of `source` while it is this
+    process's file, it keeps of the copy too."""
+    kept = _held[-1].files.get(Path(source)) if _held else None
+    write_text(dest, Path(source).read_text(encoding="utf-8"))
+    if kept is not None and kept[0] == _stamp(source):
+        remember(dest, kept[1])
+
+
+def write_kept(path: Path, obj: Any) -> None:
+    """Write `obj` as JSON to `path` (`files.write_json`) and keep it, as read back, in the held `RunState`."""
+    write_json(path, obj)
+    remember(path, json.loads(json.dumps(obj, default=str)))
 
 
 def run_dir(cfg: DictConfig) -> Path:
@@ -234,7 +312,7 @@ class StageRecord:
     @classmethod
     def read(cls, folder: Path) -> StageRecord:
         """The record in `folder/stage.json`, its model paths resolved; an empty record when there is none."""
-        raw = read_json(Path(folder) / RECORD) or {}
+        raw = copy.deepcopy(recall(Path(folder) / RECORD, json.loads)) or {}
         known = {f.name for f in fields(cls)} - {"extra"}
         root = run_root(folder)
         for key in MODEL_PATHS:
@@ -259,7 +337,7 @@ class StageRecord:
                 for key in MODEL_PATHS:
                     if out.get(key) is not None:
                         out[key] = stored_path(out[key], root)
-                write_json(Path(folder) / RECORD, out)
+                write_kept(Path(folder) / RECORD, out)
 
     def scores(self) -> dict:
         """The evaluation's metrics (empty when not evaluated)."""

@@ -24,18 +24,20 @@ from pipeline.config import kind_of, stage_section, sweeps, swept_candidate
 from pipeline.data import prep
 from pipeline.evaluation import gates, stats
 from pipeline.evaluation import lmeval as evaluate
-from pipeline.files import RunLock, remove_leftovers, temp_name, write_json, write_text
+from pipeline.files import RunLock, remove_leftovers, temp_name, write_text
 from pipeline.report import headline, leaderboard, modelcard
 from pipeline.runfolder import (
     BASE,
     FINISHED,
     RunPaths,
+    RunState,
     StageContext,
     StageRecord,
     Trained,
     base_dir,
     candidate_dir,
     candidate_folders,
+    copy_kept,
     drop_work,
     eval_dir,
     leaderboard_file,
@@ -46,6 +48,7 @@ from pipeline.runfolder import (
     stage_folders,
     stale_children,
     work_dir,
+    write_kept,
 )
 from pipeline.train import preempt
 from pipeline.train.distributed import (
@@ -110,6 +113,7 @@ class Run:
     def __init__(self, cfg: DictConfig, root: Path, world_size: int, main: bool) -> None:
         self.cfg, self.root, self.world_size, self.main = cfg, root, world_size, main
         self.paths = RunPaths(root)
+        self.state = RunState()  # what it writes into the folder, held in memory while the chain runs
         self.tasks_dir = self.paths.eval_tasks
         self.history: list[tuple[str, dict]] = []  # (checkpoint, eval metrics) in chain order
         self.decisions: list[StageDecision] = []
@@ -228,7 +232,9 @@ def run_pipeline(cfg: DictConfig, argv: list[str], on_lock: Callable[[RunLock], 
     together = False  # whether every rank reached the same ending (a finished chain, a gate stop, a preemption)
     try:
         ranks.check_start(cfg, root)  # every rank sees the run folder and the cache, runs the same config and code
-        code = _run_chain(_start(cfg, argv, Run(cfg, root, state.num_processes, state.is_main_process)))
+        run = Run(cfg, root, state.num_processes, state.is_main_process)
+        with run.state.held():
+            code = _run_chain(_start(cfg, argv, run))
         together = True
         return code
     except (errors.Preempted, errors.MemoryAlert):
@@ -259,7 +265,7 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
         if main:
             write_text(run.paths.resolved_config, OmegaConf.to_yaml(redact.config(OmegaConf.to_container(cfg))))
             data = {d.name: d.data for d in run.decisions}
-            write_json(run.paths.manifest, manifest.build(cfg, argv, data, run.root))
+            write_kept(run.paths.manifest, manifest.build(cfg, argv, data, run.root))
     log.info("run %s: recipe %s, %d stage(s), world size %d", run.root, cfg.recipe, len(run.decisions),
              run.world_size)
     return run
@@ -415,8 +421,8 @@ def _scored(run: Run, d: StageDecision, ev: dict, earlier: dict | None, metrics:
         return rest
     selected = metrics["selected"]
     for task in done:
-        source = samples_file(samples_dir(candidate_dir(d.dir, selected)), task)
-        write_text(samples_file(samples_dir(d.dir), task), source.read_text())
+        copy_kept(samples_file(samples_dir(candidate_dir(d.dir, selected)), task),
+                  samples_file(samples_dir(d.dir), task))
     log.info("%s: %s taken from candidate %s's scoring", d.dir.name, ", ".join(done), selected)
     return evaluate.merge(earlier, rest, ev)
 

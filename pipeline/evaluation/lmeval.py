@@ -26,10 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import extension
 from pipeline.config import ROOT, ConfigError
 from pipeline.data.mixtures import hub_source
-from pipeline.evaluation import lmeval_fast
+from pipeline.evaluation import lmeval_fast, stats
 from pipeline.files import write_text
 from pipeline.generation import engines, generator
-from pipeline.runfolder import samples_file
+from pipeline.runfolder import remember, samples_file
 from pipeline.train.models import engine_args
 
 log = logging.getLogger("pipeline")
@@ -210,6 +210,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     for task, samples in results.get("samples", {}).items():
         lines = "".join(json.dumps(s, default=str) + "\n" for s in samples)
         write_text(samples_file(out_dir, task), lines)
+        remember(samples_file(out_dir, task), stats.problem_scores(lines))  # the statistics read no file back
     return {
         "metrics": metrics,
         "stderr": stderr,

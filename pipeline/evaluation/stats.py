@@ -18,23 +18,30 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.runfolder import samples_file
+from pipeline.runfolder import recall, samples_file
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 HALVES = {"selection": 0, "gate": 1}  # doc_id % 2 of each half of a swept stage's validation problems
 
 
+def problem_scores(text: str) -> dict[str, dict[int, float]]:
+    """`{"<metric>,<filter>": {doc_id: value}}` of the per-problem rows in the text of a `samples_<task>.jsonl`:
+    every number a row holds besides its doc_id (its metrics), under the row's answer filter."""
+    out: dict[str, dict[int, float]] = {}
+    for row in (json.loads(line) for line in text.splitlines() if line.strip()):
+        for name, value in row.items():
+            if name != "doc_id" and isinstance(value, (int, float)):
+                out.setdefault(f"{name},{row.get('filter', 'none')}", {})[int(row["doc_id"])] = float(value)
+    return out
+
+
 def per_problem(eval_dir: Path, metric: str, half: str | None = None) -> dict[int, float]:
-    """`{doc_id: value}` of `metric` (`<task>/<metric>,<filter>`) read from `eval_dir/samples_<task>.jsonl`,
-    only the problems of `half` (`HALVES`) when given; empty when the file does not exist."""
-    task, _, rest = metric.partition("/")
-    name, _, filt = rest.partition(",")
-    path = samples_file(eval_dir, task)
-    if not path.is_file():
-        return {}
-    rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-    values = {int(r["doc_id"]): float(r[name]) for r in rows if r.get("filter", "none") == filt and name in r}
-    return values if half is None else {i: v for i, v in values.items() if i % 2 == HALVES[half]}
+    """`{doc_id: value}` of `metric` (`<task>/<metric>,<filter>`) in `eval_dir/samples_<task>.jsonl` (read once
+    while a `runfolder.RunState` is held), only the problems of `half` (`HALVES`) when given; empty when the file
+    does not exist."""
+    task, _, key = metric.partition("/")
+    values = (recall(samples_file(eval_dir, task), problem_scores) or {}).get(key, {})
+    return {i: v for i, v in values.items() if half is None or i % 2 == HALVES[half]}  # a copy: the state's stays
 
 
 def half_mean(eval_dir: Path, metric: str, half: str) -> tuple[float, int] | None:

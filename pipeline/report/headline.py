@@ -11,12 +11,12 @@ the same metric and filter on a task whose split is `test`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.evaluation import stats
-from pipeline.files import read_json
-from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, stage_folders
+from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, recall, stage_folders
 
 COLUMNS = ("checkpoint", "validation", "test", "\u0394 test [95% CI]", "p", "gate", "train time")
 SWEEP_COLUMNS = ("selection half", "\u0394 vs input on it [95% CI]", "p")  # after the candidate and its settings
@@ -85,7 +85,7 @@ def build(run: Path) -> Headline:
     records = [r for _, r in folders]
     split = {task: s for r in records for task, s in ((r.eval or {}).get("splits") or {}).items()}
     validation, test = metrics(records, split)
-    return Headline(run, read_json(RunPaths(run).manifest) or {}, split, validation, test,
+    return Headline(run, recall(RunPaths(run).manifest, json.loads) or {}, split, validation, test,
                     [stage_row(d, r, validation, test) for d, r in folders if r.eval],
                     {d.name: rows for d, r in folders if (rows := sweep_rows(d, r))})
 
