@@ -59,7 +59,7 @@ def run(tmp_path) -> Path:
         table.append({"candidate": cand, "selection_half": 0.75, "vs_input": paired})
     _stage(dpo, {"gsm_val": sft, "gsm": [1] * 29 + [0] * 11}, stage="dpo", index=2,
            input_model="runs/demo/stages/01-sft/model", output_model="runs/demo/stages/02-dpo/model",
-           wall_time_s=200.0,
+           wall_time_s=200.0, config={"sweep": {"beta": [0.5, 2.0], "learning_rate": [1e-5]}},
            metrics={"candidates": table, "selected": "beta2-lr1e-05", "selected_by": VAL, "selection_problems": n // 2})
     return run
 
