@@ -568,6 +568,11 @@ def _validate_trackers(names: list[str]) -> None:
 SHORT = {"learning_rate": "lr"}  # a swept setting's name in candidate ids
 
 
+def swept_value(value: Any) -> str:
+    """A swept setting's value as candidate ids and sweep charts write it: numbers in `g` format (3e-06)."""
+    return f"{value:g}" if isinstance(value, float | int) and not isinstance(value, bool) else str(value)
+
+
 def swept(stage: Any) -> list[str]:
     """The settings a stage sweeps, in name order (a null in its `sweep` mapping: not swept)."""
     return sorted(k for k, v in stage.sweep.items() if v is not None)
@@ -583,11 +588,9 @@ def grid(stage: Any) -> list[dict]:
     ascending), each with its id (e.g. `beta0.5-lr3e-06`); one candidate of the stage's own values unswept."""
     keys = swept(stage)
     values = [sorted(stage.sweep[k]) for k in keys]
-    def word(value: Any) -> str:
-        return f"{value:g}" if isinstance(value, float | int) and not isinstance(value, bool) else str(value)
     if not keys:
         return [{"id": "single"}]
-    return [{"id": "-".join(f"{SHORT.get(k, k)}{word(v)}" for k, v in zip(keys, combo, strict=True)),
+    return [{"id": "-".join(f"{SHORT.get(k, k)}{swept_value(v)}" for k, v in zip(keys, combo, strict=True)),
              **dict(zip(keys, combo, strict=True))} for combo in itertools.product(*values)]
 
 

@@ -22,6 +22,7 @@ from matplotlib import cm, colors
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from pipeline.config import swept_value
 from pipeline.runfolder import StageRecord
 
 RC = {"svg.hashsalt": "smol-pipeline", "svg.fonttype": "none", "font.size": 9}  # applied per chart, not globally
@@ -86,22 +87,20 @@ def sweep_heatmap(name: str, record: StageRecord, cands: dict[str, StageRecord])
     grid = {n: c.config or {} for n, c in cands.items() if n not in ("soup", "merge")}
     def row_of(config: dict) -> tuple:
         return tuple(config.get(k) for k in down)
-    rows, lrs = sorted({row_of(c) for c in grid.values()}), sorted({c.get(across) for c in grid.values()})
+    rows, cols = sorted({row_of(c) for c in grid.values()}), sorted({c.get(across) for c in grid.values()})
     extras = [n for n in ("soup", "merge") if n in table]
-    fig = Figure(figsize=(2.2 + 1.8 * (len(lrs) + len(extras)), 1.4 + 0.9 * max(len(rows), 1)))
-    widths = [max(len(lrs), 1)] + ([len(extras)] if extras else [])
+    fig = Figure(figsize=(2.2 + 1.8 * (len(cols) + len(extras)), 1.4 + 0.9 * max(len(rows), 1)))
+    widths = [max(len(cols), 1)] + ([len(extras)] if extras else [])
     axes = fig.subplots(1, len(widths), width_ratios=widths, squeeze=False)[0]
     values = [t.get(metric) for t in table.values() if isinstance(t.get(metric), (int, float))]
     norm = anchored_norm(values, m.get("selection_problems"))
-    cells = {(rows.index(row_of(c)), lrs.index(c.get(across))): n for n, c in grid.items()}
+    cells = {(rows.index(row_of(c)), cols.index(c.get(across))): n for n, c in grid.items()}
     soup = {Path(s).parent.name for s in ((cands["soup"].config if "soup" in cands else None) or {}).get("sources", [])}
-    _draw(axes[0], [[table.get(cells.get((i, j)), {}).get(metric) for j in range(len(lrs))]
+    _draw(axes[0], [[table.get(cells.get((i, j)), {}).get(metric) for j in range(len(cols))]
                     for i in range(len(rows))], norm,
           lambda i, j: cells.get((i, j)), table, metric, selected, soup)
-    def word(value: object) -> str:
-        return f"{value:g}" if isinstance(value, float | int) and not isinstance(value, bool) else str(value)
-    axes[0].set_xticks(range(len(lrs)), [word(v) for v in lrs])
-    axes[0].set_yticks(range(len(rows)), [", ".join(map(word, r)) for r in rows])
+    axes[0].set_xticks(range(len(cols)), [swept_value(v) for v in cols])
+    axes[0].set_yticks(range(len(rows)), [", ".join(map(swept_value, r)) for r in rows])
     axes[0].set(xlabel=(across or "").replace("_", " "), ylabel=" / ".join(k.replace("_", " ") for k in down))
     if extras:
         _draw(axes[1], [[table[n].get(metric) for n in extras]], norm, lambda i, j: extras[j], table, metric,
