@@ -172,6 +172,7 @@ class StageKind:
     pairs: bool = False  # a row is a (chosen, rejected) pair: the plan counts its tokens twice
     generates: bool = False  # trains on its own samples (RL): the plan does not estimate its tokens
     reference: bool = False  # trains against a frozen reference model: the plan adds its forward passes
+    no_deepspeed: str = ""  # why it cannot train under accelerate's DeepSpeed; empty: it can
     order: int = 50  # where its section comes in the config and in help=true: SFT first, RL last
 
     def config_class(self) -> type | None:

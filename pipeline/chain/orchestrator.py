@@ -216,7 +216,7 @@ def run_pipeline(cfg: DictConfig, argv: list[str], on_lock: Callable[[RunLock], 
     on); the caller then releases it, after writing the outcome. Without it, the lock is released here."""
     from accelerate.utils import broadcast_object_list
 
-    ranks.collectively(preflight.ppo_runs_here, cfg)  # before DeepSpeed's group (so alone); others: `preflight.check`
+    ranks.collectively(preflight.kinds_run_here, cfg)  # before DeepSpeed's group (so alone); others: `preflight.check`
     share_cpu_threads()
     state = process_state(cfg.collective_timeout_s)
     prep.set_wait_limit(cfg.prep_timeout_s)

@@ -75,14 +75,13 @@ def _enabled(cfg: DictConfig) -> list[str]:
     return [name for name in cfg.stages if cfg[name].enabled]
 
 
-def ppo_runs_here(cfg: DictConfig) -> None:
-    """PPO's loop trains two models in one Accelerator: not under accelerate's DeepSpeed (one model per engine).
-    Checked first of all, before the process group that DeepSpeed would shape (`run_pipeline`)."""
-    for name in [n for n in _enabled(cfg) if kind_of(cfg, n).name == "ppo"] if deepspeed_on() else []:
-        raise ConfigError(f"stage '{name}' does not run under DeepSpeed (its loop trains a policy and a value model in "
-                          f"one Accelerator; accelerate's DeepSpeed takes one model per engine): run the chain with "
-                          f"{name}.enabled=false here, then the same command under recipes/accelerate/ddp.yaml (or "
-                          "cpu.yaml), which reuses the finished stages")
+def kinds_run_here(cfg: DictConfig) -> None:
+    """A stage whose kind cannot train under accelerate's DeepSpeed (`StageKind.no_deepspeed`: PPO's loop) is refused
+    there. Checked first of all, before the process group that DeepSpeed would shape (`run_pipeline`)."""
+    for name in [n for n in _enabled(cfg) if kind_of(cfg, n).no_deepspeed] if deepspeed_on() else []:
+        raise ConfigError(f"stage '{name}' does not run under DeepSpeed ({kind_of(cfg, name).no_deepspeed}): run the "
+                          f"chain with {name}.enabled=false here, then the same command under "
+                          "recipes/accelerate/ddp.yaml (or cpu.yaml), which reuses the finished stages")
 
 
 def trl_values(cfg: DictConfig) -> None:

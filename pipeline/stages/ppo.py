@@ -68,6 +68,8 @@ class Rl(StageKind):
 
 class Ppo(Rl):
     name, settings, help, order = "ppo", PpoSettings, "actor-critic PPO", 70
+    no_deepspeed = ("its loop trains a policy and a value model in one Accelerator; accelerate's DeepSpeed takes one "
+                    "model per engine")
     defaults = {"learning_rate": 1e-6, "lr_scheduler_type": "constant", "max_steps": 100}  # noqa: RUF012
 
     def check(self, cfg: Any, name: str) -> None:
