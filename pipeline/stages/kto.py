@@ -8,7 +8,6 @@ reference model is the input checkpoint, frozen (with LoRA: the adapter-disabled
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pipeline.settings import Columns, StageKind, StageSettings, arg
@@ -52,7 +51,7 @@ class Kto(StageKind):
         stage, cfg = ctx.stage, ctx.cfg
         tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
         rows = unpair_preference_dataset(load_mixture(stage.mixture, cfg)).shuffle(seed=cfg.seed)
-        args = self.trainer_args(stage, Path(ctx.work_dir), cfg.seed, cfg.model.precision, cfg)
+        args = self.trainer_args(stage, ctx.work_dir, cfg.seed, cfg.model.precision, cfg)
         trainer = KTOTrainer(model=load_model(ctx.input_model, cfg.model), ref_model=None, args=args,
                              train_dataset=rows, processing_class=tok, peft_config=lora_config(stage))
         return {**fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit, stage.matmul_precision), "rows": len(rows)}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pipeline.settings import Columns, StageKind, StageSettings, arg
@@ -50,7 +49,7 @@ class Orpo(StageKind):
         stage, cfg = ctx.stage, ctx.cfg
         tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
         pairs = load_mixture(stage.mixture, cfg).shuffle(seed=cfg.seed)
-        args = self.trainer_args(stage, Path(ctx.work_dir), cfg.seed, cfg.model.precision, cfg)
+        args = self.trainer_args(stage, ctx.work_dir, cfg.seed, cfg.model.precision, cfg)
         trainer = ORPOTrainer(model=load_model(ctx.input_model, cfg.model), args=args, train_dataset=pairs,
                               processing_class=tok, peft_config=lora_config(stage))
         return {**fit(trainer, tok, ctx.out_dir, stage.nonfinite_limit, stage.matmul_precision), "pairs": len(pairs)}
