@@ -1,9 +1,8 @@
 """A sweep inside a stage (any stage's `sweep`, `soup`, `merge`), driven by the orchestrator.
 
 `sweep` expands its settings' values (`config.grid`) into candidates under `candidates/<id>/`, each trained by the
-stage kind's
-own entry function (one model per call) from the same input checkpoint and scored on the task of the gate
-metric only (`selection_settings`: validation; the selected model is then scored on every task);
+stage kind's `train` (one model per call) from the same input checkpoint and scored on the task of the gate metric
+only (`selection_settings`: validation; the selected model is then scored on every task);
 `soup.top_k` averages the K best, `merge` mixes the soup (or the best candidate) with an earlier stage's
 checkpoint; soup and merge compete as candidates too. Finished candidates are reused (by fingerprint).
 
