@@ -1,6 +1,6 @@
 """Config schemas for a run and its stages; recipe loading, dotted overrides and validation.
 
-A recipe (`recipes/NAME.yaml`) is a small delta over the defaults below. Overrides are dotted
+A recipe (`pipeline/recipes/NAME.yaml`) is a small delta over the defaults below. Overrides are dotted
 `key=value` arguments applied after the recipe. OmegaConf struct mode refuses unknown keys; every
 error here is a `ConfigError` with a one-line message naming the key, raised before any model loads.
 """
@@ -30,8 +30,8 @@ from pipeline.stages import kinds
 
 log = logging.getLogger("pipeline")
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES_DIR = ROOT / "recipes"
-MIXTURES_DIR = ROOT / "data_mixtures"
+RECIPES_DIR = Path(__file__).resolve().with_name("recipes")
+MIXTURES_DIR = RECIPES_DIR.with_name("data_mixtures")
 DEFAULT_RECIPE = "tiny"  # the embedded demo: runs anywhere in minutes
 
 
@@ -86,7 +86,7 @@ class PlanConfig:
 
 @dataclass
 class RunConfig:
-    recipe: str = arg("recipes/NAME.yaml the run starts from", DEFAULT_RECIPE)
+    recipe: str = arg("pipeline/recipes/NAME.yaml the run starts from", DEFAULT_RECIPE)
     extension: str = arg("a Python module that adds a config section, data generators, eval tasks and a built base "
                          "model to the run (pipeline/extension.py), e.g. the embedded demo's", "")
     run_name: str = arg("defaults to the recipe name", "")
@@ -210,7 +210,7 @@ def describe(cfg: DictConfig) -> str:
 
 
 def available_recipes() -> list[str]:
-    """Names of the shipped recipes (`recipes/*.yaml`)."""
+    """Names of the shipped recipes (`pipeline/recipes/*.yaml`)."""
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
@@ -420,7 +420,7 @@ def validate(cfg: DictConfig) -> None:
     for name in [n for n in cfg.stages if cfg[n].enabled]:
         stage, kind = cfg[name], kind_of(cfg, name)
         if not kind.mixtures(stage):
-            raise ConfigError(f"'{name}.mixture' is empty: name a data mixture (data_mixtures/*.yaml)")
+            raise ConfigError(f"'{name}.mixture' is empty: name a data mixture (pipeline/data_mixtures/*.yaml)")
         for key in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length"):
             if stage[key] <= 0:
                 raise ConfigError(f"'{name}.{key}' must be > 0, got {stage[key]}")

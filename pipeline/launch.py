@@ -1,7 +1,7 @@
 """`smol-pipeline`: the pipeline under accelerate's own launcher, exiting with the pipeline's exit code.
 
     smol-pipeline [accelerate launch options] recipe=NAME [key=value ...]
-    smol-pipeline --config_file recipes/accelerate/zero3.yaml --num_processes 8 recipe=smol
+    smol-pipeline --config_file pipeline/recipes/accelerate/zero3.yaml --num_processes 8 recipe=smol
 
 `accelerate launch pipeline/run.py` turns every failure into exit 1 and a launcher traceback (its
 simple launcher raises `CalledProcessError`, torch elastic raises `ChildFailedError`). This command

@@ -44,7 +44,7 @@ Trains a chain of post-training stages on a base model, evaluates each checkpoin
 folder is <output_root>/<run_name> (runs/<recipe> by default), with leaderboard.html and pipeline.log in it.
 Rerunning the same command resumes. Stage kinds: {kinds}.
 
-Recipes (recipe=NAME, recipes/NAME.yaml; default {default}):
+Recipes (recipe=NAME, pipeline/recipes/NAME.yaml; default {default}):
 {recipes}
 
 Common overrides (dotted keys over the recipe):
@@ -70,7 +70,7 @@ Examples:
   smol-pipeline recipe={default} stages=[sft] sft.max_steps=50
   smol-pipeline help=true recipe=smollm2                 the recipe's settings
   smol-pipeline recipe=smol plan=true                    tokens and GPU hours, before a cluster run
-  smol-pipeline --config_file recipes/accelerate/zero3.yaml --num_processes 8 recipe=smol"""
+  smol-pipeline --config_file pipeline/recipes/accelerate/zero3.yaml --num_processes 8 recipe=smol"""
 
 
 def usage() -> str:

@@ -93,7 +93,7 @@ class StageSettings:
 
     kind: str = arg("the stage kind that trains this section (a `KIND` of pipeline/stages/); fixed per section", "")
     enabled: bool = arg("a stage listed in `stages` but disabled is skipped (e.g. optional PPO)", True)
-    mixture: str = arg("data_mixtures/NAME.yaml or a path to a mixture YAML", "")
+    mixture: str = arg("pipeline/data_mixtures/NAME.yaml or a path to a mixture YAML", "")
     learning_rate: float = arg("peak learning rate", 2e-5)
     lr_scheduler_type: str = arg("transformers scheduler (cosine_with_min_lr, cosine, constant, ...)",
                                  "cosine_with_min_lr")

@@ -1,5 +1,5 @@
 """Several processes: the chain (SFT, mid-training, DPO) in ONE `accelerate launch --num_processes 2` on CPU
-under each config of recipes/accelerate/ (DDP, ZeRO-2, ZeRO-3, ZeRO-3 with CPU offload).
+under each config of pipeline/recipes/accelerate/ (DDP, ZeRO-2, ZeRO-3, ZeRO-3 with CPU offload).
 
 Like TRL's invariant tests: 2 processes x micro-batch b must give the loss curve of 1 process x micro-batch b
 x 2 gradient-accumulation steps (the same samples per optimizer step), within LOSS_TOL per logged step; every
@@ -59,7 +59,7 @@ def one_process(tmp_path_factory, cache_dir) -> Path:
     ("zero3_offload", "DEEPSPEED", 3)])
 def test_chain_on_two_processes_matches_one_process_with_accumulation(config, distributed_type, zero_stage,
                                                                       one_process, tmp_path, cache_dir):
-    launcher = ["accelerate", "launch", "--config_file", str(ROOT / "recipes/accelerate" / f"{config}.yaml"),
+    launcher = ["accelerate", "launch", "--config_file", str(ROOT / "pipeline/recipes/accelerate" / f"{config}.yaml"),
                 "--num_processes", "2"]
     proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *CHAIN, *_accumulation(1),
                    launcher=launcher)

@@ -41,7 +41,6 @@ PATH_CALLS = {"Path", "PurePath", "PosixPath"}  # Path(base, part, ...)
 PATH_METHODS = {"joinpath", "glob", "rglob", "with_name"}  # base.method(part, ...)
 # (module, expression): a run-folder name used for a place outside the run folder
 OUTSIDE = {
-    ("pipeline/evaluation/lmeval.py", "ROOT / 'eval'"): "the repository's eval/tasks templates",
     ("pipeline/chain/preflight.py", "Path(tempfile.gettempdir()) / 'trl-args-check' / 'work'"):
         "a scratch folder in the temp folder for a trainer-arguments check",
     ("pipeline/tiny/model.py", "root / 'model'"): "the tiny base model's folder in the cache",

@@ -1,6 +1,6 @@
 """Data mixtures: load sources, map columns, weight, mix, fingerprint.
 
-A mixture (`data_mixtures/NAME.yaml`) lists sources. Each source is a local file
+A mixture (`pipeline/data_mixtures/NAME.yaml`) lists sources. Each source is a local file
 (`path`: .jsonl, .json or .parquet), a Hub dataset (`hub`, `name`, `split`, `revision`) or a generator
 of the recipe's extension (`generator: NAME`, `split`; pipeline/extension.py). `columns` maps a target field to
 a source column; targets are `messages`, `text`, `prompt`, `chosen`, `rejected`, `answer`, and `user` /
@@ -15,8 +15,8 @@ copy of the repository in `DIR/<owner>/<repo>` (see `hub_source`). The weight pi
 are normalised. Prompts become conversations, and preference rows reach TRL in its conversational form
 whatever mix of strings and conversations the source uses (`normalise`).
 
-Relative paths resolve against the current directory (the repository root for the shipped
-mixtures). Every malformed row is a `ConfigError` naming the file (or Hub split) and row.
+A relative `path` resolves against the mixture's own file. Every malformed row is a `ConfigError` naming
+the file (or Hub split) and row.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class MixtureConfig:
 
 
 def mixture_path(name: str) -> Path:
-    """The YAML file of a mixture given by name (`data_mixtures/NAME.yaml`) or by path."""
+    """The YAML file of a mixture given by name (`pipeline/data_mixtures/NAME.yaml`) or by path."""
     path = Path(name) if name.endswith((".yaml", ".yml")) else MIXTURES_DIR / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in MIXTURES_DIR.glob("*.yaml")))
@@ -93,6 +93,8 @@ def load_spec(name: str) -> DictConfig:
             raise ConfigError(f"mixture {path} source {i}: unknown target column {bad}; targets: {TARGETS}")
         if src.weight <= 0:
             raise ConfigError(f"mixture {path} source {i}: weight must be > 0, got {src.weight}")
+        if src.path:  # a relative path is relative to the mixture's own file, wherever the run starts
+            src.path = str(path.resolve().parent / Path(src.path).expanduser())
     return spec
 
 

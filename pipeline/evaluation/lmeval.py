@@ -1,6 +1,6 @@
 """Evaluation with lm-eval: task YAMLs written into the run, HF model scoring, metric flattening.
 
-Shipped tasks (`eval/tasks/*.yaml`) include lm-eval's own gsm8k definition and override its data
+Shipped tasks (`pipeline/evaluation/tasks/*.yaml`) include lm-eval's own gsm8k definition and override its data
 source; their `${...}` placeholders are filled here and the result is written to
 `<run>/eval_tasks/`, so `lm_eval --include_path <run>/eval_tasks` reproduces a score. Any other
 lm-eval task is used by name (`gsm8k` needs the Hub), and `eval.include_path` adds a folder of
@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import extension
-from pipeline.config import ROOT, ConfigError
+from pipeline.config import ConfigError
 from pipeline.data.mixtures import hub_source
 from pipeline.evaluation import lmeval_fast, stats
 from pipeline.files import write_text
@@ -33,7 +33,7 @@ from pipeline.runfolder import remember, samples_file
 from pipeline.train.models import engine_args
 
 log = logging.getLogger("pipeline")
-TASK_TEMPLATES = ROOT / "eval" / "tasks"
+TASK_TEMPLATES = Path(__file__).resolve().with_name("tasks")
 
 
 def settings(cfg: DictConfig, section: str | None) -> dict:
