@@ -20,7 +20,7 @@ def main() -> None:
     parser.add_argument("--task", default="gsm8k_local", help="the task whose problems are compared")
     args = parser.parse_args()
 
-    from pipeline.evaluation.stats import paired_difference, per_problem
+    from pipeline.evaluation.stats import describe, paired_difference, per_problem
 
     base = args.run / "stages" / "00-base" / "eval"
     for stage in sorted(p.parent for p in (args.run / "stages").glob("*/eval") if p.parent.name != "00-base"):
@@ -31,7 +31,7 @@ def main() -> None:
             if not scores or diff is None:
                 continue
             print(f"{stage.name} {metric}: {sum(scores.values()) / len(scores):.3f} (n={len(scores)}), vs base "
-                  f"{diff['diff']:+.3f} [{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}], p {diff['p_value']:.2g}")
+                  f"{describe(diff)}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from omegaconf import OmegaConf
+from scipy.stats import norm
 from trl import SFTConfig, SFTTrainer
 
 from pipeline.config import load_config
@@ -162,9 +163,10 @@ def pooled(diffs: list[dict]) -> dict:
     """The mean of independent paired differences (one per seed) with its 95% interval and two-sided p."""
     diff = statistics.mean(d["diff"] for d in diffs)
     se = math.sqrt(sum(d["se"] ** 2 for d in diffs)) / len(diffs)
-    p = math.erfc(abs(diff / se) / math.sqrt(2)) if se > 0 else float(diff == 0)
-    return {"diff": diff, "se": se, "ci_low": diff - stats.Z95 * se, "ci_high": diff + stats.Z95 * se,
-            "n": sum(d["n"] for d in diffs), "p_value": p}
+    low, high = norm.interval(0.95, loc=diff, scale=se) if se > 0 else (diff, diff)
+    p = 2 * norm.sf(abs(diff / se)) if se > 0 else float(diff == 0)
+    return {"diff": diff, "se": se, "ci_low": float(low), "ci_high": float(high), "n": sum(d["n"] for d in diffs),
+            "p_value": float(p), "test": "normal, pooled over seeds"}
 
 
 def over_seeds(args, cfg) -> dict:

@@ -72,8 +72,8 @@ def test_every_checkpoint_is_scored_and_gated(gated_run):
     se = statistics.stdev(d) / math.sqrt(50)
     assert mid["paired"]["n"] == 50 and mid["paired"]["diff"] == pytest.approx(statistics.mean(d))
     assert mid["paired"]["se"] == pytest.approx(se)
-    assert f"(01-sft) -> {mid['value']:.3f}: {statistics.mean(d):+.3f}, 95% CI [" in mid["reason"]
-    assert "n=50 (paired): no significant drop beyond max_drop" in mid["reason"]
+    assert f"(01-sft) -> {mid['value']:.3f}: {statistics.mean(d):+.3f} [" in mid["reason"]
+    assert "n=50): no significant drop beyond max_drop" in mid["reason"]
     assert (gated_run / "eval_tasks" / "tiny_gsm.yaml").is_file()
 
 
@@ -107,7 +107,7 @@ def test_leaderboard_formats_agree_and_rebuild_is_identical(gated_run, tmp_path)
     assert md.startswith("# Leaderboard\n\n## tiny: recipe tiny, ") and "final model " in md
     table = [line for line in md.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 3 and all(line.count(" | ") <= 7 for line in table)  # at most 8 columns
-    assert "- sft: " in md and " on test [" in md and "- midtrain: " in md
+    assert "- sft on test: " in md and "(McNemar mid-p, +" in md and "- midtrain on test: " in md
     terminal = (gated_run / "terminal.log").read_text()  # the end of the run prints the same headline
     assert all(line in terminal for line in table) and f"leaderboard: {gated_run / 'leaderboard.html'}" in terminal
     assert leaderboard.main([str(gated_run), "--out", str(tmp_path)]) == 0

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.evaluation.gates import judge
-from pipeline.evaluation.stats import half_mean, paired_difference
+from pipeline.evaluation.stats import describe, half_mean, mcnemar_midp, newcombe_interval, paired_difference
 
 M = "tiny_gsm/exact_match,strict-match"
 
@@ -58,8 +58,9 @@ def test_paired_difference_counts_only_the_problems_that_changed(tmp_path):
     d = [b - a for a, b in zip(before, after, strict=True)]
     se = statistics.stdev(d) / math.sqrt(len(d))
     assert p["n"] == 100 and p["diff"] == pytest.approx(-0.10) and p["se"] == pytest.approx(se)
-    assert p["ci_low"] == pytest.approx(-0.10 - 1.959964 * se) and p["ci_high"] == pytest.approx(-0.10 + 1.959964 * se)
-    assert p["p_value"] == pytest.approx(math.erfc(0.10 / se / math.sqrt(2)))
+    assert (p["gained"], p["lost"], p["test"]) == (2, 12, "McNemar mid-p")
+    assert (p["ci_low"], p["ci_high"]) == newcombe_interval(40, 2, 12, 100, 0.95)
+    assert p["p_value"] == mcnemar_midp(2, 12) < 0.05
     assert se < math.sqrt(0.52 * 0.48 / 100)  # far below the unpaired stderr of one checkpoint alone
     # the other filter is perfect in both: no difference, no noise
     assert paired_difference(tmp_path / "a", tmp_path / "b", "tiny_gsm/exact_match,flexible-extract")["p_value"] == 1.0
@@ -72,7 +73,7 @@ def _changes(tmp_path: Path) -> tuple[Path, dict]:
     after = {
         "lost12": [1.0] * 40 + [0.0] * 12 + [0.0] * 48,  # -0.12, SE 0.033: upper bound -0.066
         "lost3": [1.0] * 49 + [0.0] * 3 + [0.0] * 48,  # -0.03, SE 0.017: bounds -0.058 .. -0.002
-        "gained10": [1.0] * 52 + [1.0] * 10 + [0.0] * 38,  # +0.10, SE 0.030: lower bound +0.050
+        "gained10": [1.0] * 52 + [1.0] * 10 + [0.0] * 38,  # +0.10, SE 0.030: lower bound +0.051
         "gained2": [1.0] * 52 + [1.0] * 2 + [0.0] * 46,  # +0.02, SE 0.014: lower bound -0.003
     }
     a = _samples(tmp_path / "a", before)
@@ -87,10 +88,9 @@ def test_no_significant_drop_fails_only_beyond_its_error(tmp_path):
     _, p = _changes(tmp_path)
     fail = _verdict("no_significant_drop", p["lost12"], 0.05)
     assert fail["verdict"] == "fail" and fail["paired"] == p["lost12"] and fail["test"] == "no_significant_drop"
-    lo, hi = p["lost12"]["ci_low"], p["lost12"]["ci_high"]
-    assert (f"0.520 (01-sft) -> 0.400: -0.120, 95% CI [{lo:+.3f}, {hi:+.3f}], p={p['lost12']['p_value']:.2g}, "
-            f"n=100 (paired): a significant drop beyond max_drop 0.050 (one-sided 95% upper bound -0.066 < -0.050)"
-            ) == fail["reason"]
+    high = p["lost12"]["bound_high"]
+    assert (f"0.520 (01-sft) -> 0.400: {describe(p['lost12'])}: a significant drop beyond max_drop 0.050 "
+            f"(one-sided 95% upper bound {high:+.3f} < -0.050)") == fail["reason"]
     noisy = _verdict("no_significant_drop", p["lost3"], 0.02)  # a 0.03 drop that noise explains passes
     assert noisy["passed"] and "-0.030" in noisy["reason"] and "no significant drop beyond max_drop 0.020" in \
         noisy["reason"]
@@ -111,7 +111,7 @@ def test_non_inferior_passes_only_when_the_drop_is_shown_within_max_drop(tmp_pat
 def test_superior_passes_only_on_a_significant_gain(tmp_path):
     _, p = _changes(tmp_path)
     win = _verdict("superior", p["gained10"])  # no max_drop needed
-    assert win["passed"] and "+0.100" in win["reason"] and "a significant gain (one-sided 95% lower bound +0.050" \
+    assert win["passed"] and "+0.100" in win["reason"] and "a significant gain (one-sided 95% lower bound +0.051" \
         in win["reason"]
     small = _verdict("superior", p["gained2"])
     assert not small["passed"] and "no significant gain (one-sided 95% lower bound -0.003 <= 0)" in small["reason"]
@@ -123,7 +123,7 @@ def test_p_below_double_precision_is_a_bound_not_zero(tmp_path):
     b = _samples(tmp_path / "y", [1.0] * 999 + [0.0] + [1.0] * 1000)  # 999 of 1000 gained, z about 31
     paired = paired_difference(a, b, M)
     verdict = judge(_gate(test="superior"), {M: 0.9995}, ("01-sft", 0.5), paired)
-    assert paired["p_value"] < 1e-15 and "p<1e-15" in verdict["reason"] and "p=0" not in verdict["reason"]
+    assert paired["p_value"] < 1e-15 and "p<1e-4" in verdict["reason"] and "p=0" not in verdict["reason"]
 
 
 def test_halves_split_the_problems_by_doc_id_parity(tmp_path):

@@ -75,10 +75,10 @@ def test_headline_reports_each_stage_against_its_input_on_test(run):
     assert "vs_input" not in rows[0] and sft["n"] == dpo["n"] == 40
     assert sft["diff"] == pytest.approx(0.75) and sft["ci_low"] > 0
     assert dpo["diff"] == pytest.approx(-1 / 40) and dpo["ci_low"] < 0 < dpo["ci_high"]
-    assert headline.sentence(rows[1]).startswith("sft: +0.750 on test [") and "a significant gain" in \
+    assert headline.sentence(rows[1]).startswith("sft on test: +0.750 [") and "a significant gain" in \
         headline.sentence(rows[1])
-    assert headline.sentence(rows[2]).startswith("dpo: -0.025 on test [-") and headline.sentence(rows[2]).endswith(
-        "n=40: no significant change")
+    assert headline.sentence(rows[2]).startswith("dpo on test: -0.025 [-") and headline.sentence(rows[2]).endswith(
+        f"(McNemar mid-p, +{dpo['gained']} / -{dpo['lost']}, n=40): no significant change")
     assert headline.title(h) == ("demo: recipe demo, 2026-12-04, code abcdef0, final model "
                                          "runs/demo/stages/02-dpo/model")
     cells = headline.cells(rows[2])
@@ -94,8 +94,8 @@ def test_a_stage_not_scored_on_test_hands_the_comparison_to_the_checkpoint_befor
     rows = headline.build(run).rows
     assert rows[1]["test"] is None and "vs_input" not in rows[1]
     assert rows[2]["vs"] == "00-base" and rows[2]["vs_input"]["diff"] == pytest.approx(29 / 40)
-    assert headline.cells(rows[2])[3].endswith("] vs 00-base")
-    assert headline.sentence(rows[2]).startswith("dpo: +0.725 on test vs 00-base [")
+    assert headline.cells(rows[2])[3].endswith(", n=40) vs 00-base")
+    assert headline.sentence(rows[2]).startswith("dpo on test vs 00-base: +0.725 [")
     dpo = next(r for r in leaderboard.rows([headline.build(run)]) if r["checkpoint"] == "02-dpo")
     assert dpo["test_vs"] == "00-base" and dpo["test_vs_input_diff"] == pytest.approx(29 / 40)
 
@@ -105,7 +105,7 @@ def test_markdown_has_the_title_a_short_table_sentences_and_the_sweep_apart(run)
     tables = [line for line in md.splitlines() if line.startswith("| ")]
     assert md.startswith("## demo: recipe demo, 2026-12-04")
     assert all(line.count(" | ") <= 7 for line in tables)  # at most 8 columns
-    assert "- sft: +0.750 on test" in md and "### 02-dpo: sweep" in md
+    assert "- sft on test: +0.750 [" in md and "### 02-dpo: sweep" in md
     assert "| beta2-lr1e-05 (selected) | 2 | 1e-05 | 0.750 |" in md
 
 

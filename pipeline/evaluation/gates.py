@@ -7,7 +7,7 @@ halts the chain (exit code 3); with `warn` it is logged and marked in the leader
 - `min`: fails when the metric is below it (the value as measured).
 - `test`: how the change against the previous checkpoint is judged. The change is measured problem by
   problem (`stats.paired_difference` on lm-eval's per-problem samples): change = this - previous, with its
-  paired standard error SE and one-sided 95% bounds change -+ 1.645 SE.
+  one-sided 95% bounds (Newcombe's paired score interval for a 0/1 metric, the paired t for any other).
   - `no_significant_drop` (needs `max_drop`): fails only when the change is significantly below
     -max_drop (its upper bound is under -max_drop): a drop that noise can explain passes.
   - `non_inferior` (needs `max_drop`): passes only when the change is significantly above -max_drop (its
@@ -16,39 +16,31 @@ halts the chain (exit code 3); with `warn` it is logged and marked in the leader
   Without shared per-problem samples (other problems, or none kept) the point change is compared with the
   same threshold and the verdict says that no error was known.
 
-Each verdict's reason is one sentence: the change with its 95% interval, p and n, then what the test
-concluded; the signs are those of the change (negative: this checkpoint scores lower).
+Each verdict's reason is one sentence: the change as `stats.describe` writes it (95% interval, p, the
+problems gained and lost, n), then what the test concluded; the signs are those of the change (negative: this
+checkpoint scores lower).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-Z_ONE_SIDED = 1.645  # one-sided 95%
+from pipeline.evaluation.stats import describe
+
 NEEDS_MAX_DROP = ("no_significant_drop", "non_inferior")  # the tests that compare only with a max_drop set
 
 
-def _p(value: float) -> str:
-    """A p-value as text; below double precision's resolution as a bound, not as 0."""
-    return f"p={value:.2g}" if value >= 1e-15 else "p<1e-15"
-
-
 def _change(value: float, previous: tuple[str, float], paired: dict | None) -> str:
-    """`0.700 (01-sft) -> 0.640: -0.060, 95% CI [-0.101, -0.019], p=0.0042, n=100 (paired)`."""
+    """`0.700 (01-sft) -> 0.640: -0.060 [-0.101, -0.019], p=0.0042 (McNemar mid-p, +2 / -8, n=100)`."""
     name, before = previous
     text = f"{before:.3f} ({name}) -> {value:.3f}"
-    if paired is None:
-        return f"{text}: {value - before:+.3f} (no paired samples, no error known)"
-    return (f"{text}: {paired['diff']:+.3f}, 95% CI [{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}], "
-            f"{_p(paired['p_value'])}, n={paired['n']} (paired)")
+    return f"{text}: " + (describe(paired) if paired else f"{value - before:+.3f} (no paired samples, no error known)")
 
 
 def _test(test: str, value: float, previous: tuple[str, float], max_drop: float | None,
           paired: dict | None) -> tuple[bool, str]:
     """(failed, one-sentence reason) of the gate's `test` on the change from `previous` to `value`."""
-    diff = paired["diff"] if paired else value - previous[1]
-    se = paired["se"] if paired else 0.0
-    low, high = diff - Z_ONE_SIDED * se, diff + Z_ONE_SIDED * se
+    low, high = (paired["bound_low"], paired["bound_high"]) if paired else (value - previous[1],) * 2
     bound = "point change" if paired is None else "one-sided 95% {} bound"
     if test == "no_significant_drop":
         failed = high < -max_drop

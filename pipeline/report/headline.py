@@ -18,8 +18,9 @@ from pathlib import Path
 from pipeline.evaluation import stats
 from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, recall, stage_folders
 
-COLUMNS = ("checkpoint", "validation", "test", "\u0394 test [95% CI]", "p", "gate", "train time")
-SWEEP_COLUMNS = ("selection half", "\u0394 vs input on it [95% CI]", "p")  # after the candidate and its settings
+COLUMNS = ("checkpoint", "validation", "test", "\u0394 test [95% CI], p (test, problems gained / lost, n)", "gate",
+           "train time")
+SWEEP_COLUMNS = ("selection half", "\u0394 vs input on it [95% CI], p")  # after the candidate and its settings
 
 
 @dataclass
@@ -103,12 +104,8 @@ def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
-def _interval(p: dict | None) -> str:
-    return f"{p['diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" if p else ""
-
-
-def _p(p: dict | None) -> str:
-    return "" if not p else f"{p['p_value']:.2g}" if p["p_value"] >= 1e-4 else "<1e-4"
+def _change(p: dict | None) -> str:
+    return stats.describe(p) if p else ""
 
 
 def _duration(seconds: float | None) -> str:
@@ -121,21 +118,20 @@ def cells(row: dict) -> list[str]:
     """A stage row as the text of the `COLUMNS`."""
     name = row["checkpoint"] + (f" ({row['selected']})" if row.get("selected") else "")
     versus = f" vs {row['vs']}" if row.get("vs") else ""
-    return [name, _num(row["validation"]), _num(row["test"]), _interval(row.get("vs_input")) + versus,
-            _p(row.get("vs_input")),
+    return [name, _num(row["validation"]), _num(row["test"]), _change(row.get("vs_input")) + versus,
             row.get("gate") or "", _duration(row.get("train_s"))]
 
 
 def sentence(row: dict) -> str | None:
-    """`dpo: -0.006 on test [-0.016, +0.004], p 0.26: no significant change`; None without a paired test."""
+    """`dpo on test: -0.006 [-0.016, +0.004], p=0.26 (McNemar mid-p, +4 / -12, n=1319): no significant change`;
+    None without a paired test."""
     p = row.get("vs_input")
     if not p:
         return None
     verdict = ("a significant gain" if p["ci_low"] > 0 else "a significant drop" if p["ci_high"] < 0
                else "no significant change")
     versus = f" vs {row['vs']}" if row.get("vs") else ""
-    return f"{row['stage']}: {p['diff']:+.3f} on test{versus} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}], " \
-           f"p {_p(p)}, n={p['n']}: {verdict}"
+    return f"{row['stage']} on test{versus}: {stats.describe(p)}: {verdict}"
 
 
 def sweep_table(rows: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
@@ -144,7 +140,7 @@ def sweep_table(rows: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
     def text(value: object) -> str:
         return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
     body = [[r["candidate"] + (" (selected)" if r["selected"] else ""), *(text(r["settings"].get(k)) for k in keys),
-             _num(r.get("selection_half")), _interval(r.get("vs_input")), _p(r.get("vs_input"))] for r in rows]
+             _num(r.get("selection_half")), _change(r.get("vs_input"))] for r in rows]
     return ("candidate", *(k.replace("_", " ") for k in keys), *SWEEP_COLUMNS), body
 
 

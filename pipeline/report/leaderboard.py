@@ -9,7 +9,8 @@ headline (`pipeline.report.headline`: title, a table of at most 8 columns, one s
 sweep's own table), the gate metric per stage with 95% error bars, a beta x learning-rate heatmap per
 sweep (soup, merge and the selected candidate marked), and every column of every checkpoint and candidate
 in a collapsible details table. The CSV and JSON rows are flat and typed: numbers as numbers, a paired
-difference as `<what>_diff`, `_ci_low`, `_ci_high`, `_p`, `_n`; a value not known is left out.
+difference as `<what>_diff`, `_ci_low`, `_ci_high`, `_p`, `_n` (and `_gained`, `_lost` for a 0/1 metric); a value
+not known is left out.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from pipeline.runfolder import RunPaths, StageRecord, candidates, leaderboard_fi
 STEP_TIMES = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "eval_s", "save_s")  # telemetry's breakdown
 HYPER = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
          "gradient_accumulation_steps", "beta", "loss_type")
-PAIRED = ("diff", "ci_low", "ci_high", "p_value", "n")  # of stats.paired_difference
+PAIRED = ("diff", "ci_low", "ci_high", "p_value", "n", "gained", "lost")  # of stats.paired_difference
 
 
 def _paired(prefix: str, paired: dict | None) -> dict:
     """`paired` (a `stats.paired_difference`) as flat columns `<prefix>_diff`, ..., `<prefix>_n`."""
-    return {f"{prefix}_{k.removesuffix('_value')}": paired[k] for k in PAIRED} if paired else {}
+    return {f"{prefix}_{k.removesuffix('_value')}": paired[k] for k in PAIRED if k in (paired or {})}
 
 
 def _hyper(config: dict) -> dict:

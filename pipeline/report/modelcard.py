@@ -19,6 +19,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData, try_to_load_fr
 from omegaconf import DictConfig
 
 from pipeline import extension
+from pipeline.evaluation import stats
 from pipeline.files import write_text
 from pipeline.runfolder import BASE, StageRecord, model_dir, stage_folders
 
@@ -47,9 +48,9 @@ def _data(record: StageRecord) -> str:
 
 
 def _gain(gate: dict | None) -> str:
-    """The stage's change over its input on the gate metric: `+0.030 [+0.006, +0.054], p=0.012`."""
+    """The stage's change over its input on the gate metric, as `stats.describe` writes it."""
     p = (gate or {}).get("paired")
-    return f"{p['diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}], p={p['p_value']:.2g}" if p else ""
+    return stats.describe(p) if p else ""
 
 
 def _chain(records: list[tuple[str, StageRecord]]) -> list[str]:
@@ -85,12 +86,11 @@ def _selection(name: str, record: StageRecord) -> list[str]:
     if half:
         rule += f", on the selection half ({half} problems; the gate judges the other)"
     lines = [f"### {name}: selected `{m['selected']}` by `{metric}`", "", f"Rule: {rule}.", "",
-             f"| candidate | {metric} | selection half | difference to the input on it (paired SE) | 95% CI | p |",
-             "|---|---|---|---|---|---|"]
+             f"| candidate | {metric} | selection half | difference to the input on it [95% CI], p |",
+             "|---|---|---|---|"]
     for c in m["candidates"]:
         p = c.get("vs_input")
-        paired = (f"{p['diff']:+.4f} +- {p['se']:.4f} | [{p['ci_low']:+.4f}, {p['ci_high']:+.4f}] | "
-                  f"{p['p_value']:.3g}") if p else " | | "
+        paired = stats.describe(p, digits=4) if p else ""
         mark = " (selected)" if c["candidate"] == m["selected"] else ""
         lines.append(f"| {c['candidate']}{mark} | {_num(c.get(metric))} | {_num(c.get('selection_half'))} | {paired} |")
     return [*lines, ""]
