@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def test_candidates_are_scored_on_validation_only_and_the_selected_model_on_ever
     assert (dpo / samples).read_text() == (chosen / samples).read_text()
     assert stage["eval"]["settings"]["tasks"] == ["tiny_gsm_val", "tiny_gsm"]
     assert f"tiny_gsm_val taken from candidate {stage['metrics']['selected']}'s" in proc.stderr
-    scored = [line for line in proc.stderr.splitlines() if "03-dpo scored in" in line]
+    scored = [line for line in proc.stderr.splitlines() if re.search(r"03-dpo (scored in|scores reused)", line)]
     assert len(scored) == 1 and "tiny_gsm exact_match" in scored[0] and "tiny_gsm_val" not in scored[0]
 
 

@@ -22,7 +22,7 @@ from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
 from pipeline.config import kind_of, stage_section, sweeps, swept_candidate
 from pipeline.data import prep
-from pipeline.evaluation import gates, stats
+from pipeline.evaluation import gates, scorecache, stats
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, remove_leftovers, temp_name, write_text
 from pipeline.report import headline, leaderboard, modelcard
@@ -139,11 +139,13 @@ class Run:
         if not ev["tasks"]:
             return {"metrics": {}}
         with preempt.main_only(f"scoring {out_dir.parent.name}") as main:
-            result = evaluate.run_eval(model, ev, self.tasks_dir, out_dir, self.cfg.model) if main else {}
+            result = scorecache.run_eval(model, ev, self.tasks_dir, out_dir, self.cfg) if main else {}
             faults.point(f"scored {out_dir.parent.name}")
         if self.main:
-            log.info("%s scored in %s: %s", out_dir.parent.name, logs.duration(result["wall_time_s"]),
-                     logs.scores(result["metrics"]))
+            how = (f"scores reused: the same weights were scored the same way before ({result['reused']}, saving "
+                   f"{logs.duration(result['wall_time_s'])})" if result.get("reused") else
+                   f"scored in {logs.duration(result['wall_time_s'])}")
+            log.info("%s %s: %s", out_dir.parent.name, how, logs.scores(result["metrics"]))
         return result
 
     def base_eval(self) -> None:
