@@ -1,8 +1,9 @@
 """Config schemas for a run and its stages; recipe loading, dotted overrides and validation.
 
-A recipe (`pipeline/recipes/NAME.yaml`) is a small delta over the defaults below. Overrides are dotted
-`key=value` arguments applied after the recipe. OmegaConf struct mode refuses unknown keys; every
-error here is a `ConfigError` with a one-line message naming the key, raised before any model loads.
+A recipe (`pipeline/recipes/NAME.yaml`, or any recipe file; it may start from another: pipeline/recipe_files.py) is a
+small delta over the defaults below. Overrides are dotted `key=value` arguments applied after the recipe. OmegaConf
+struct mode refuses unknown keys; every error here is a `ConfigError` with a one-line message naming the key, raised
+before any model loads.
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from pipeline import extension as extensions
-from pipeline import redact
+from pipeline import recipe_files, redact
 from pipeline.errors import ConfigError  # noqa: F401 - where the modules that load a config find it
+from pipeline.recipe_files import RECIPES_DIR, available_recipes, yaml_problem  # noqa: F401 - found here too
 from pipeline.settings import RUN_OWNED, EvalConfig, StageKind, StageSettings, arg, declared
 from pipeline.stages import kinds
 
 log = logging.getLogger("pipeline")
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES_DIR = Path(__file__).resolve().with_name("recipes")
 MIXTURES_DIR = RECIPES_DIR.with_name("data_mixtures")
 DEFAULT_RECIPE = "tiny"  # the embedded demo: runs anywhere in minutes
 
@@ -86,10 +87,11 @@ class PlanConfig:
 
 @dataclass
 class RunConfig:
-    recipe: str = arg("pipeline/recipes/NAME.yaml the run starts from", DEFAULT_RECIPE)
+    recipe: str = arg("the recipe the run starts from: a shipped one's NAME (pipeline/recipes/NAME.yaml) or a recipe "
+                      "file's path", DEFAULT_RECIPE)
     extension: str = arg("a Python module that adds a config section, data generators, eval tasks and a built base "
                          "model to the run (pipeline/extension.py), e.g. the embedded demo's", "")
-    run_name: str = arg("defaults to the recipe name", "")
+    run_name: str = arg("defaults to the recipe's name (a recipe file's: its stem)", "")
     output_root: str = arg("folder that holds the run folders", "runs")
     cache_dir: str = arg("tokenised data and extensions' data and models; defaults to <output_root>/.cache", "")
     stages: list[str] = arg("the stage chain, in order: sections of stage kinds (each kind has a section of its name; "
@@ -157,21 +159,28 @@ def _is_section(value: Any) -> bool:
     return isinstance(value, DictConfig) and is_dataclass(OmegaConf.get_type(value))
 
 
-def _leaf(key: str, value: Any, field_: Any) -> str:
+def _source_of(sources: dict[str, str], key: str) -> str:
+    """Where the value of dotted `key` (or of keys under it) came from, as `load_with_sources` records it; empty
+    for a default."""
+    return ", ".join(dict.fromkeys(s for k, s in sources.items() if k == key or k.startswith(f"{key}.")))
+
+
+def _leaf(key: str, value: Any, field_: Any, sources: dict[str, str]) -> str:
     resumable = " [a resume may change it]" if field_.metadata.get("resumable") else ""
-    return f"  {key}={_show(value)}  ({_kind(field_.type)}) {field_.metadata.get('help', '')}{resumable}"
+    origin = f" [{source}]" if (source := _source_of(sources, key)) else ""
+    return f"  {key}={_show(value)}  ({_kind(field_.type)}) {field_.metadata.get('help', '')}{resumable}{origin}"
 
 
-def _section(node: DictConfig, key: str, text: str) -> list[str]:
+def _section(node: DictConfig, key: str, text: str, sources: dict[str, str]) -> list[str]:
     """A config section's lines: its values, then its subsections; one line when every value is null."""
     values = OmegaConf.to_container(node)
     if all(v is None for v in values.values()):
         return [f"  {key}.*=null  {text}; keys: {', '.join(values)}"]
     schema_fields = {f.name: f for f in fields(OmegaConf.get_type(node))}
     lines = [f"\n{key}: {text}"]
-    lines += [_leaf(f"{key}.{n}", node[n], f) for n, f in schema_fields.items() if not _is_section(node[n])]
+    lines += [_leaf(f"{key}.{n}", node[n], f, sources) for n, f in schema_fields.items() if not _is_section(node[n])]
     for name in [n for n in schema_fields if _is_section(node[n])]:
-        lines += _section(node[name], f"{key}.{name}", schema_fields[name].metadata.get("help", ""))
+        lines += _section(node[name], f"{key}.{name}", schema_fields[name].metadata.get("help", ""), sources)
     return lines
 
 
@@ -186,32 +195,31 @@ def kind_of(cfg: DictConfig, name: str) -> StageKind:
     return kinds()[cfg[name].kind]
 
 
-def describe(cfg: DictConfig) -> str:
-    """Every key of the loaded config `cfg` (dotted, as overrides name it) with its value, type and help text; of
-    the stage sections, only those of the stages `cfg` runs, in its order."""
-    runs, stages = [n for n in cfg.stages if cfg[n].enabled], stage_names(cfg)
+def describe(cfg: DictConfig, sources: dict[str, str] | None = None) -> str:
+    """Every key of the loaded config `cfg` (dotted, as overrides name it) with its value, type and help text, and
+    where its value came from (`sources`, as `load_with_sources` records them); of the stage sections, only those
+    of the stages `cfg` runs, in its order."""
+    runs, stages, sources = [n for n in cfg.stages if cfg[n].enabled], stage_names(cfg), sources or {}
     others = [n for n in stages if n not in runs]
     top = RunConfig.__dataclass_fields__
     hidden = f" (the keys of {', '.join(others)} appear when stages=[...] runs them)" if others else ""
-    lines = [f"recipe {cfg.recipe}: stages {', '.join(runs)}{hidden}",
-             *[_leaf(n, cfg[n], f) for n, f in top.items() if not _is_section(cfg[n])]]
+    lines = [f"recipe {cfg.recipe}: stages {', '.join(runs)}{hidden}"]
+    if sources:
+        lines.append(f"a value set over its default is marked with where it came from: "
+                     f"{', '.join(f'[{s}]' for s in dict.fromkeys(sources.values()))}")
+    lines += [_leaf(n, cfg[n], f, sources) for n, f in top.items() if not _is_section(cfg[n])]
     for name in [n for n in top if _is_section(cfg[n])]:
-        lines += _section(cfg[name], name, top[name].metadata["help"])
+        lines += _section(cfg[name], name, top[name].metadata["help"], sources)
     for name in runs:
         kind = kind_of(cfg, name)
         text = kind.help if name == kind.name else f"a stage of kind {kind.name} ({kind.help})"
-        lines += _section(cfg[name], name, text)
+        lines += _section(cfg[name], name, text, sources)
         if kind.trl_config:
             lines.append(f"  {name}.<field>: any other field of TRL's {kind.trl_config.partition(':')[2]} passes to "
                          "it under its own name")
     for name in [n for n in cfg if n not in top and n not in stages]:
-        lines += _section(cfg[name], name, f"settings of the recipe extension {cfg.extension}")
+        lines += _section(cfg[name], name, f"settings of the recipe extension {cfg.extension}", sources)
     return "\n".join(lines)
-
-
-def available_recipes() -> list[str]:
-    """Names of the shipped recipes (`pipeline/recipes/*.yaml`)."""
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:
@@ -330,46 +338,44 @@ def schema(extension: str = "", named: dict[str, str] | None = None) -> DictConf
     return cfg
 
 
-def _named_stages(delta: dict, overrides: list[list[str]]) -> dict[str, str]:
-    """The stage sections a recipe (`delta`) and the command line (`NAME.kind=KIND`) add, by name -> kind."""
-    named = {k: v["kind"] for k, v in delta.items() if isinstance(v, dict) and "kind" in v and k not in kinds()}
+def _named_stages(recipes: list[dict], overrides: list[list[str]]) -> dict[str, str]:
+    """The stage sections the recipe files (`recipes`, each a mapping, bases first) and the command line
+    (`NAME.kind=KIND`) add, by name -> kind."""
+    named = {k: v["kind"] for delta in recipes for k, v in delta.items()
+             if isinstance(v, dict) and "kind" in v and k not in kinds()}
     named.update({k.partition(".")[0]: v for k, v in overrides if k.endswith(".kind") and k.count(".") == 1
                   and k.partition(".")[0] not in kinds()})
     return named
 
 
-def yaml_problem(err: Exception, where: bool = True) -> str:
-    """A YAML parser's error in one line: what is wrong and, with `where`, at which line and column; any other
-    error (a file that is not UTF-8 text) in its own words."""
-    if isinstance(err, UnicodeDecodeError):
-        return f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})"
-    problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
-    mark, context, start = (getattr(err, k, None) for k in ("problem_mark", "context", "context_mark"))
-    if not where or mark is None:
-        return problem
-    opened = f" ({context} at line {start.line + 1}, column {start.column + 1})" if context and start else ""
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}{opened}"
+def _set(cfg: DictConfig, sources: dict[str, str], key: str, value: Any, source: str) -> None:
+    """Apply one value (a ConfigError naming `source` if it does not fit) and record where it came from, last."""
+    _apply(cfg, key, value, source)
+    replaced = [k for k in sources if k == key or (not isinstance(value, dict) and k.startswith(f"{key}."))]
+    for k in replaced:
+        del sources[k]
+    sources[key] = source
 
 
-def load_config(argv: list[str]) -> DictConfig:
-    """Resolve `recipe=NAME key=value ...` into a validated, read-only run config."""
+def load_with_sources(argv: list[str]) -> tuple[DictConfig, dict[str, str]]:
+    """Resolve `recipe=NAME|FILE key=value ...` into a validated, read-only run config, and where each value set
+    over the defaults came from: dotted key -> `base recipe FILE`, `recipe FILE` or `command line`, in the order
+    they were set. The sources stay out of the config (fingerprints hash what a value is, not where it came from)."""
     overrides = []
     for item in argv:
         if "=" not in item:
             raise ConfigError(f"argument '{item}' is not key=value (e.g. recipe=NAME sft.learning_rate=1e-4)")
         overrides.append(item.split("=", 1))
     recipe = next((v for k, v in reversed(overrides) if k == "recipe"), DEFAULT_RECIPE)  # the last one wins
-    path = RECIPES_DIR / f"{recipe}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown recipe '{recipe}'; available: {', '.join(available_recipes())}")
-    try:
-        delta = OmegaConf.to_container(OmegaConf.load(path)) or {}
-    except Exception as err:  # noqa: BLE001 - YAML parser errors come in many types
-        raise ConfigError(f"cannot parse recipe {path}: {yaml_problem(err)}") from None
-    extension = next((v for k, v in reversed(overrides) if k == "extension"), delta.get("extension", ""))
-    cfg = schema(str(extension or ""), _named_stages(delta, overrides))
-    for key, value in _flatten(delta, cfg):
-        _apply(cfg, key, value, f"recipe {path.name}")
+    files = recipe_files.chain(recipe)
+    named = _named_stages([f.values for f in files], overrides)
+    extension = next((v for k, v in reversed(overrides) if k == "extension"),
+                     next((f.values["extension"] for f in reversed(files) if "extension" in f.values), ""))
+    cfg, sources = schema(str(extension or ""), named), {}
+    stages = stage_names(cfg)
+    for file in files:
+        for key, value in _flatten(file.values, cfg):
+            _set(cfg, sources, key, recipe_files.rebase(key, value, file.path.parent, stages), file.source)
     cfg.recipe = recipe
     for key, raw in overrides:
         try:
@@ -378,12 +384,17 @@ def load_config(argv: list[str]) -> DictConfig:
             raise ConfigError(f"argument '{key}={raw}' in command line: its value does not parse ("
                               f"{yaml_problem(err, where=False)}); close its brackets or quote it") from None
         key = "plan.enabled" if key == "plan" and isinstance(value, bool) else key  # `plan=true` shorthand
-        _apply(cfg, key, value, "command line")
+        _set(cfg, sources, key, value, "command line")
     if not cfg.run_name:
-        cfg.run_name = recipe
+        cfg.run_name = recipe_files.run_name(recipe)
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
-    return cfg
+    return cfg, sources
+
+
+def load_config(argv: list[str]) -> DictConfig:
+    """Resolve `recipe=NAME|FILE key=value ...` into a validated, read-only run config."""
+    return load_with_sources(argv)[0]
 
 
 def validate(cfg: DictConfig) -> None:

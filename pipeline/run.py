@@ -1,6 +1,6 @@
-"""Entry point: `accelerate launch pipeline/run.py recipe=NAME [key=value ...]` (or `smol-pipeline`, which
+"""Entry point: `accelerate launch pipeline/run.py recipe=NAME|FILE [key=value ...]` (or `smol-pipeline`, which
 launches this file and keeps its exit code: pipeline/launch.py); `--help` prints the usage (`USAGE`), `help=true
-[recipe=NAME key=value ...]` every key with its value in that recipe.
+[recipe=NAME key=value ...]` every key with its value in that recipe and where the value came from.
 
 Exit codes (pipeline/errors.py): 0 every stage passed; 2 bad config or bad input; 3 a gate stopped the
 chain; 4 a stage could not finish training (diverged, disk full); 5 device memory passed its limit (checkpoint
@@ -27,6 +27,7 @@ from pipeline.config import (  # noqa: E402
     available_recipes,
     describe,
     load_config,
+    load_with_sources,
     stage_names,
     swept_candidate,
 )
@@ -37,8 +38,8 @@ BAD_INPUT_GRACE_S = 10  # how long a rank other than the main one waits before i
 
 
 USAGE = """\
-usage: smol-pipeline [launcher options] [--] [recipe=NAME] [key=value ...]
-       python pipeline/run.py [recipe=NAME] [key=value ...]      (one process, no launcher)
+usage: smol-pipeline [launcher options] [--] [recipe=NAME|FILE] [key=value ...]
+       python pipeline/run.py [recipe=NAME|FILE] [key=value ...]      (one process, no launcher)
 
 Trains a chain of post-training stages on a base model, evaluates each checkpoint and checks its gate; the run
 folder is <output_root>/<run_name> (runs/<recipe> by default), with leaderboard.html and pipeline.log in it.
@@ -46,6 +47,7 @@ Rerunning the same command resumes. Stage kinds: {kinds}.
 
 Recipes (recipe=NAME, pipeline/recipes/NAME.yaml; default {default}):
 {recipes}
+  recipe=path/to/my.yaml           your own recipe file; `base: NAME` (or a path) in it starts from another recipe
 
 Common overrides (dotted keys over the recipe):
   stages=[sft,dpo]                 the stages to run, in order
@@ -58,7 +60,8 @@ Common overrides (dotted keys over the recipe):
   report_to=[tensorboard]          experiment tracking (its package must be installed)
   redo=[dpo]                       retrain a finished stage and the ones after it
   plan=true                        print what the run would do and its cost; trains nothing
-  help=true                        every key with its value in this recipe: help=true recipe=NAME [key=value ...]
+  help=true                        every key with its value in this recipe and where the value came from:
+                                   help=true recipe=NAME [key=value ...]
 
 Exit codes: 0 finished; 1 crashed (traceback in <run>/pipeline.log); 2 bad config or input (one line
 "error: ..."); 3 a gate stopped the chain; 4 training failed (diverged, disk full; earlier checkpoints kept);
@@ -106,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     asks_help = [arg for arg in argv if arg.partition("=")[0] == "help"]
     argv = [arg for arg in argv if arg not in asks_help]
     try:
-        cfg = load_config(argv)
+        cfg, sources = load_with_sources(argv)
         if any(arg.partition("=")[2].lower() not in ("false", "0", "no") for arg in asks_help):
-            print(describe(cfg))
+            print(describe(cfg, sources))
             return 0
         if cfg.plan.enabled:  # dry run: print the plan, load nothing
             from pipeline.chain.plan import report
 
-            text = report(cfg)
+            text = report(cfg, sources)
     except ConfigError as err:
         return _bad_input(err, own=False)  # the same argv on every rank
     if cfg.plan.enabled:

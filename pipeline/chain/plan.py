@@ -8,13 +8,15 @@ forward + backward); GPU-hours = FLOPs / (the GPU's peak x the assumed MFU). The
 from the model's config, never its weights: a local `config.json` (a built model's too), the settings a
 built model is made from, a table of known models, or `plan.params`. A new run folder is planned without
 importing torch; for an existing one the orchestrator's own per-stage decision (`pipeline.resume`: reuse /
-evaluate / resume / train) is shown, which loads the training stack.
+evaluate / resume / train) is shown, which loads the training stack. The settings set over the defaults are
+listed by where they came from (base recipe, recipe file, command line).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import textwrap
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -137,8 +139,10 @@ def _stages(cfg: DictConfig, root: Path, model: dict, flops_per_s: float) -> lis
     return stages
 
 
-def build(cfg: DictConfig) -> dict:
-    """The plan as plain data (stages in order, checkpoints, data, sweep, tokens, estimates); raises ConfigError."""
+def build(cfg: DictConfig, sources: dict[str, str] | None = None) -> dict:
+    """The plan as plain data (stages in order, checkpoints, data, sweep, tokens, estimates, and `provenance`: where
+    each setting set over the defaults came from, `sources` as `config.load_with_sources` records them); raises
+    ConfigError."""
     p, precision = cfg.plan, "fp32" if cfg.model.precision == "fp32" else "bf16"
     peak = peak_flops(p.gpu, precision)
     if not peak:
@@ -164,12 +168,22 @@ def build(cfg: DictConfig) -> dict:
         "total_gpu_hours": sum(s["gpu_hours"] for s in estimated),
         "total_wall_hours": sum(s["wall_hours"] for s in estimated),
         "not_estimated": [s["stage"] for s in stages if "dir" in s and "gpu_hours" not in s],
+        "provenance": dict(sources or {}),
     }
 
 
-def report(cfg: DictConfig) -> str:
+def _provenance(sources: dict[str, str]) -> list[str]:
+    """The settings set over the defaults, one paragraph per source in the order they apply."""
+    lines = ["settings over the defaults, by where they came from:"]
+    for source in dict.fromkeys(sources.values()):
+        keys = ", ".join(k for k, s in sources.items() if s == source)
+        lines.append(textwrap.fill(f"{source}: {keys}", 120, initial_indent="  ", subsequent_indent="    "))
+    return lines
+
+
+def report(cfg: DictConfig, sources: dict[str, str] | None = None) -> str:
     """The plan as JSON (`plan.output=json`) or as a readable report."""
-    plan = build(cfg)
+    plan = build(cfg, sources)
     if cfg.plan.output == "json":
         return json.dumps(plan, indent=2)
     m, a = plan["model"], plan["assumptions"]
@@ -183,6 +197,7 @@ def report(cfg: DictConfig) -> str:
         f"{a['peak_flops'] / 1e12:g} TFLOP/s ({a['precision']})",
         f"  FLOPs/token = {a['flops_per_token']}", f"  sweeps: {a['sweeps']}", f"  not counted: {a['not_counted']}",
         "data weights: <= 1 a fraction of the source's rows, > 1 a number of rows",
+        *(_provenance(plan["provenance"]) if plan["provenance"] else []),
     ]
     for s in plan["stages"]:
         if "dir" not in s:
