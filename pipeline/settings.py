@@ -73,6 +73,9 @@ class GateConfig:
                     "significantly beyond max_drop) | non_inferior (passes only when the drop is shown within "
                     "max_drop) | superior (passes only on a significant gain)", "no_significant_drop", added=True)
     action: str = arg("stop | warn", "stop")
+    tie_break: str = arg("a second metric (<task>/<metric>,<filter>) that orders sweep candidates tied on `metric` "
+                         "on the selection half, e.g. a continuous one; empty: the earlier candidate wins a tie", "",
+                         added=True)
 
 
 @dataclass

@@ -136,3 +136,15 @@ def test_the_heatmap_scale_spans_one_scores_noise():
     assert norm(0.940) - norm(0.937) < 0.15  # nearly one shade, not full contrast
     wide = charts.anchored_norm([0.1, 0.9], 300)
     assert (wide.vmin, wide.vmax) == (0.1, 0.9)  # real differences keep the full range
+
+
+def test_the_sweep_table_says_which_candidates_the_selection_half_cannot_tell_apart():
+    alike = stats.compare([1.0] * 10 + [0.0] * 30, [1.0] * 9 + [0.0] * 31)  # one problem lost: p about 1
+    apart = stats.compare([1.0] * 20 + [0.0] * 20, [0.0] * 40)  # twenty lost
+    rows = [{"candidate": c, "settings": {"beta": b}, "selection_half": v, "vs_input": None, "vs_selected": p,
+             "selected": p is None} for c, b, v, p in (("a", 0.1, 0.25, None), ("b", 0.2, 0.225, alike),
+                                                       ("c", 0.3, 0.0, apart))]
+    head, body = headline.sweep_table(rows)
+    assert head[-1] == "told apart from the selected on it?"
+    assert [r[-1] for r in body] == ["", f"no (p={alike['p_value']:.2g})", f"yes (p={apart['p_value']:.2g})"]
+    assert alike["p_value"] >= 0.05 > apart["p_value"]

@@ -21,6 +21,7 @@ from pipeline.runfolder import StageContext, StageRecord, candidate_dir
 
 METRIC = "gsm8k_local_val/exact_match,flexible-extract"  # the smol recipe's dpo gate metric
 GRID = ["dpo.sweep.beta=[0.2,0.1]", "dpo.sweep.learning_rate=[2e-6,1e-6]", "dpo.soup.top_k=0", "dpo.merge.stage="]
+TIE = "gsm8k_local_val/bpb,none"  # a second metric of the same task, for tie-breaking
 IDS = ["beta0.1-lr1e-06", "beta0.1-lr2e-06", "beta0.2-lr1e-06", "beta0.2-lr2e-06"]
 
 
@@ -40,8 +41,10 @@ class Fakes:
     `weights`: candidate id -> the weight its training writes; the score is `-(weight - target)^2`, or missing
     for a weight in `unscored`."""
 
-    def __init__(self, weights: dict[str, float], target: float = 10.0, unscored: tuple[float, ...] = ()) -> None:
+    def __init__(self, weights: dict[str, float], target: float = 10.0, unscored: tuple[float, ...] = (),
+                 lower_is_better: bool | None = None) -> None:
         self.weights, self.target, self.unscored = weights, target, unscored
+        self.lower_is_better = lower_is_better  # also score TIE (the weight itself), better lower or higher
         self.trained: list[str] = []
         self.scored: list[str] = []
 
@@ -55,6 +58,9 @@ class Fakes:
     def evaluate(self, model: Path, out: Path) -> dict:
         self.scored.append(model.parent.name)
         w = _weight(model)
+        if self.lower_is_better is not None:
+            return {"metrics": {METRIC: -((w - self.target) ** 2), TIE: w},
+                    "higher_is_better": {"gsm8k_local_val": {"bpb": not self.lower_is_better}}}
         return {"metrics": {} if w in self.unscored else {METRIC: -((w - self.target) ** 2)}}
 
 
@@ -103,7 +109,8 @@ def test_every_candidate_is_trained_with_its_settings_scored_and_the_best_select
         assert not set(sweep.NOT_TRAINING) & set(record.config)
         assert record.metrics["beta"] == cand["beta"] and record.metrics["learning_rate"] == cand["learning_rate"]
     m = trained.metrics
-    assert m["selected"] == "beta0.1-lr2e-06" and m["selected_by"] == METRIC and m["tie_rule"] == sweep.TIE_RULE
+    assert m["selected"] == "beta0.1-lr2e-06" and m["selected_by"] == METRIC
+    assert m["tie_rule"] == sweep.tie_rule(METRIC, "") == f"best {METRIC}; ties go to {sweep.EARLIER}"
     assert [(row["candidate"], row[METRIC]) for row in m["candidates"]] == [(IDS[0], -81), (IDS[1], -1),
                                                                           (IDS[2], -4), (IDS[3], -36)]
     assert m["loss_last"] == 9 and trained.eval == {"metrics": {METRIC: -1}}  # the selected candidate's
@@ -113,6 +120,21 @@ def test_every_candidate_is_trained_with_its_settings_scored_and_the_best_select
 def test_a_tie_goes_to_the_candidate_earlier_in_the_grid(tmp_path):
     trained = _run(_ctx(tmp_path), Fakes(_weights(1, 8, 12, 8)))  # beta0.1-lr2e-06 and beta0.2-lr2e-06: -4
     assert trained.metrics["selected"] == "beta0.1-lr2e-06"
+
+
+def test_a_tie_is_broken_by_the_second_metric_in_its_direction(tmp_path):
+    # three candidates at -4; the weight is the tie-break metric: 8 (two of them) or 12
+    ctx = _ctx(tmp_path, f"dpo.gate.tie_break={TIE}")
+    lower = _run(ctx, Fakes(_weights(1, 8, 12, 8), lower_is_better=True)).metrics
+    assert lower["selected"] == "beta0.1-lr2e-06" and lower["tie_rule"] == sweep.tie_rule(METRIC, TIE)
+    assert [row[TIE] for row in lower["candidates"]] == [1, 8, 12, 8]  # as measured, not signed
+    shutil.rmtree(tmp_path / "stages")
+    higher = _run(ctx, Fakes(_weights(1, 8, 12, 8), lower_is_better=False)).metrics
+    assert higher["selected"] == "beta0.2-lr1e-06"
+    assert sweep.selection_settings({"tasks": ["a", "b", "c"]}, "a/acc,none", "b/bpb,none") == {"tasks": ["a", "b"]}
+    with pytest.raises(ConfigError, match="'dpo.gate.tie_break' breaks ties on 'dpo.gate.metric'"):
+        _ctx(tmp_path, f"dpo.gate.tie_break={TIE}", "dpo.gate.metric=", "dpo.sweep.beta=null",
+             "dpo.sweep.learning_rate=null")
 
 
 def test_a_candidate_without_the_metric_ranks_last(tmp_path):
@@ -201,7 +223,8 @@ def test_the_soup_averages_the_best_candidates_and_can_win(tmp_path):
 def test_a_soup_tied_with_the_best_candidate_loses_to_it(tmp_path):
     trained = _run(_ctx(tmp_path, "dpo.soup.top_k=2"), Fakes(_weights(10, 1, 10, 4)))  # soup of two 10s: 10 too
     assert trained.metrics["selected"] == IDS[0]
-    assert trained.metrics["candidates"][-1] == {"candidate": "soup", METRIC: 0, "selection_half": 0, "vs_input": None}
+    assert trained.metrics["candidates"][-1] == {"candidate": "soup", METRIC: 0, "selection_half": 0, "vs_input": None,
+                                                 "vs_selected": None}
 
 
 def test_the_merge_mixes_the_soup_with_the_earlier_stage(tmp_path):

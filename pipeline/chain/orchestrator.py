@@ -353,7 +353,7 @@ def _fit(run: Run, d: StageDecision, ctx: StageContext) -> Trained | None:
     if not sweeps(ctx.stage):
         return Trained(train(ctx), None)
     ev = evaluate.settings(run.cfg, d.name)
-    select = sweep.selection_settings(ev, ctx.stage.gate.metric)
+    select = sweep.selection_settings(ev, ctx.stage.gate.metric, ctx.stage.gate.tie_break)
 
     def score(model: Path, out: Path) -> dict:
         return run.evaluate(model, select, out)

@@ -236,9 +236,10 @@ def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
     for name in _enabled(cfg):
         ev, gate = evaluate.settings(cfg, name), cfg[name].gate
         produced = evaluate.expected_metrics(ev, tasks_dir)
-        if gate.metric and gate.metric not in produced:
-            raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce "
-                              f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
+        for key, metric in (("metric", gate.metric), ("tie_break", gate.tie_break)):
+            if metric and metric not in produced:
+                raise ConfigError(f"'{name}.gate.{key}' is '{metric}', which the stage's eval does not produce "
+                                  f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
 
 
 def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:

@@ -6,10 +6,13 @@ only (`selection_settings`: validation; the selected model is then scored on eve
 `soup.top_k` averages the K best, `merge` mixes the soup (or the best candidate) with an earlier stage's
 checkpoint; soup and merge compete as candidates too. Finished candidates are reused (by fingerprint).
 
-Selection: the highest value of the stage's gate metric on the selection half of its problems (even
-doc_ids, `stats.HALVES`) wins; ties go to the candidate listed first (grid order: settings by name, each
-ascending; then soup, then merge), so the simpler model wins a tie. The gate then judges the
-selected model on the other half only (the orchestrator), where the pick has not already favoured it.
+Selection: the best value of the stage's gate metric on the selection half of its problems (even
+doc_ids, `stats.HALVES`) wins (the highest, or the lowest for a metric lm-eval says is better lower); ties are
+broken by `gate.tie_break`, a second metric such as a continuous one, then go to the candidate listed first
+(grid order: settings by name, each ascending; then soup, then merge), so the simpler model wins a tie. Each
+candidate's row says whether it can be told apart from the selected one on the selection half (their paired
+test, p < 0.05). The gate then judges the selected model on the other half only (the orchestrator), where the
+pick has not already favoured it.
 """
 
 from __future__ import annotations
@@ -45,23 +48,53 @@ from pipeline.train import preempt
 from pipeline.train.distributed import main_writes
 
 log = logging.getLogger("pipeline")
-TIE_RULE = "highest metric; ties go to the earlier candidate (grid order, then soup, then merge)"
+EARLIER = "the earlier candidate (grid order, then soup, then merge)"
 NOT_TRAINING = ("eval", "gate", "sweep", "soup", "merge", "candidate")  # left out of a candidate's recorded config
 Train = Callable[[StageContext], dict]  # a stage's entry function: trains ctx.out_dir/model, returns metrics
 Evaluate = Callable[[Path, Path], dict]  # (model dir, output dir) -> eval result; scored on the main process
 
 
-def selection_settings(ev: dict, metric: str) -> dict:
-    """The eval settings candidates are scored with: only the task of the gate `metric`, when it is one of `ev`'s
-    tasks (the held-out test split is for the report: only the selected model is scored on it), else `ev`."""
-    task = metric.partition("/")[0]
-    return {**ev, "tasks": [task]} if metric and task in ev["tasks"] else ev
+def selection_settings(ev: dict, metric: str, tie_break: str = "") -> dict:
+    """The eval settings candidates are scored with: only the tasks of the gate `metric` and of the `tie_break`
+    metric, when they are among `ev`'s tasks (the held-out test split is for the report: only the selected model
+    is scored on it), else `ev`."""
+    tasks = [t for t in ev["tasks"] if t in {m.partition("/")[0] for m in (metric, tie_break) if m}]
+    return {**ev, "tasks": tasks} if metric and metric.partition("/")[0] in tasks else ev
+
+
+def tie_rule(metric: str, tie_break: str) -> str:
+    """How the sweep ranks its candidates, in words."""
+    then = f"ties broken by {tie_break}, then to {EARLIER}" if tie_break else f"ties go to {EARLIER}"
+    return f"best {metric or 'metric'}; {then}"
 
 
 def _value(record: StageRecord, metric: str) -> float:
-    """The candidate's `metric` on the selection half of its problems (all of them without per-problem samples)."""
-    half = stats.half_mean(samples_dir(Path(record.output_model).parent), metric, "selection") if metric else None
-    return half[0] if half else record.scores().get(metric, float("-inf"))
+    """The candidate's `metric` on the selection half of its problems (all of them without per-problem samples),
+    signed so that higher is better (lm-eval's `higher_is_better` of the metric, as the candidate's eval records
+    it)."""
+    if not metric:
+        return float("-inf")
+    half = stats.half_mean(samples_dir(Path(record.output_model).parent), metric, "selection")
+    value = half[0] if half else record.scores().get(metric, float("-inf"))
+    task, _, key = metric.partition("/")
+    higher = ((record.eval or {}).get("higher_is_better") or {}).get(task, {}).get(key.partition(",")[0], True)
+    return value if higher else -value
+
+
+def _rank(record: StageRecord, metric: str, tie_break: str) -> tuple[float, float]:
+    return _value(record, metric), _value(record, tie_break)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _half(record: StageRecord, metric: str) -> float | None:
+    """The candidate's `metric` on the selection half as measured (not signed); None when not scored."""
+    if not metric:
+        return None
+    half = stats.half_mean(samples_dir(Path(record.output_model).parent), metric, "selection")
+    return half[0] if half else record.scores().get(metric)
 
 
 def _score(record: StageRecord, out: Path, evaluate: Evaluate) -> StageRecord:
@@ -172,24 +205,32 @@ def versus_input(stage: Path, candidate_eval: Path, metric: str, half: str | Non
 
 def run(ctx: StageContext, inputs: str, cands: list[dict], train: Train, evaluate: Evaluate) -> Trained:
     """Train every candidate of `cands`, add soup / merge, select by the gate metric into `ctx.stage_dir/model`."""
-    metric = ctx.stage.gate.metric
+    metric, tie_break = ctx.stage.gate.metric, ctx.stage.gate.tie_break
     candidates = train_candidates(ctx, inputs, cands, train, evaluate)
-    ranked = sorted(candidates, key=lambda r: -_value(r, metric))  # stable: ties keep grid order
+    ranked = sorted(candidates, key=lambda r: _rank(r, metric, tie_break), reverse=True)  # stable: ties keep order
     candidates += _soup_and_merge(ctx, inputs, ranked, evaluate)
-    selected = max(candidates, key=lambda r: _value(r, metric))  # max keeps the first of equal values
+    selected = max(candidates, key=lambda r: _rank(r, metric, tie_break))  # max keeps the first of equal values
     with main_writes() as main:
         if main:
             with atomic_dir(model_dir(ctx.stage_dir)) as tmp:
                 shutil.copytree(selected.output_model, tmp, dirs_exist_ok=True)
+    chosen = samples_dir(Path(selected.output_model).parent)
     table = [{"candidate": r.candidate, metric or "metric": r.scores().get(metric, float("-inf")),
-              "selection_half": _value(r, metric),
-              "vs_input": versus_input(ctx.stage_dir, samples_dir(Path(r.output_model).parent), metric, "selection")}
+              "selection_half": _half(r, metric), **({tie_break: _half(r, tie_break)} if tie_break else {}),
+              "vs_input": versus_input(ctx.stage_dir, samples_dir(Path(r.output_model).parent), metric, "selection"),
+              "vs_selected": None if r is selected else stats.paired_difference(
+                  chosen, samples_dir(Path(r.output_model).parent), metric, "selection") if metric else None}
              for r in candidates]
     half = stats.half_mean(samples_dir(Path(selected.output_model).parent), metric, "selection") if metric else None
     log.info("selected candidate %s by %s on the selection half of its problems: %s", selected.candidate,
-             metric or "(single candidate)", ", ".join(f"{r['candidate']} {r['selection_half']:.3f}" for r in table))
+             metric or "(single candidate)", ", ".join(f"{r['candidate']} {_num(r['selection_half'])}" for r in table))
+    alike = [r["candidate"] for r in table if r["vs_selected"] and r["vs_selected"]["p_value"] >= 0.05]
+    if alike:
+        log.info("%s cannot be told apart from %s on the selection half (paired p >= 0.05): %s", ", ".join(alike),
+                 selected.candidate, f"{tie_break} broke the tie" if tie_break else "the pick among them is noise; "
+                 f"set {ctx.name}.gate.tie_break to a second metric (a continuous one) to decide")
     metrics = {**(selected.metrics or {}), "selected": selected.candidate,  # a soup or merge trained nothing
-               "selected_by": metric or None, "tie_rule": TIE_RULE, "candidates": table,
+               "selected_by": metric or None, "tie_rule": tie_rule(metric, tie_break), "candidates": table,
                "selection_problems": half[1] if half else None}
     return Trained(metrics, selected.eval, _trained_with(ctx, selected))
 

@@ -217,6 +217,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
         "samples": {t: v["effective"] for t, v in results.get("n-samples", {}).items()},
         "task_configs": results.get("configs", {}),
         "splits": {task: split_of(config) for task, config in results.get("configs", {}).items()},
+        "higher_is_better": results.get("higher_is_better", {}),
         "settings": ev,
         "prompt_format": describe_format(fmt),
         "fast_generation": fast,
@@ -255,7 +256,7 @@ def _vllm_lm(model_path: str | Path, ev: dict, fmt: dict, model_cfg: Any) -> Ite
 
 def merge(earlier: dict, later: dict, ev: dict) -> dict:
     """One checkpoint's evaluations on disjoint tasks (`earlier`, then `later`) as one evaluation on `ev`."""
-    keyed = ("metrics", "stderr", "samples", "task_configs", "splits")
+    keyed = ("metrics", "stderr", "samples", "task_configs", "splits", "higher_is_better")
     return {**later, **{k: {**earlier.get(k, {}), **later.get(k, {})} for k in keyed}, "settings": ev,
             "fast_generation": earlier.get("fast_generation") is True and later["fast_generation"],
             "wall_time_s": round(earlier["wall_time_s"] + later["wall_time_s"], 2)}

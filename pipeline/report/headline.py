@@ -20,7 +20,8 @@ from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir
 
 COLUMNS = ("checkpoint", "validation", "test", "\u0394 test [95% CI], p (test, problems gained / lost, n)", "gate",
            "train time")
-SWEEP_COLUMNS = ("selection half", "\u0394 vs input on it [95% CI], p")  # after the candidate and its settings
+SWEEP_COLUMNS = ("selection half", "\u0394 vs input on it [95% CI], p",  # after the candidate and its settings
+                 "told apart from the selected on it?")
 
 
 @dataclass
@@ -67,7 +68,8 @@ def stage_row(folder: Path, record: StageRecord, validation: str | None, test: s
 
 def sweep_rows(stage: Path, record: StageRecord) -> list[dict]:
     """The candidates of the sweep stage folder `stage` (its `record`): settings, selection-half score, paired
-    difference to the input on that half, and whether it was selected; empty for other stages."""
+    differences to the input and to the selected candidate on that half, and whether it was selected; empty for
+    other stages."""
     cands = candidates(stage)
     out = []
     for c in (record.metrics or {}).get("candidates", []):
@@ -75,7 +77,7 @@ def sweep_rows(stage: Path, record: StageRecord) -> list[dict]:
         swept = sorted((record.config or {}).get("sweep") or {})
         out.append({"candidate": c["candidate"], "settings": {k: config.get(k) for k in swept},
                     "selection_half": c.get("selection_half"), "vs_input": c.get("vs_input"),
-                    "selected": c["candidate"] == record.selected})
+                    "vs_selected": c.get("vs_selected"), "selected": c["candidate"] == record.selected})
     return out
 
 
@@ -140,8 +142,13 @@ def sweep_table(rows: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
     def text(value: object) -> str:
         return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
     body = [[r["candidate"] + (" (selected)" if r["selected"] else ""), *(text(r["settings"].get(k)) for k in keys),
-             _num(r.get("selection_half")), _change(r.get("vs_input"))] for r in rows]
+             _num(r.get("selection_half")), _change(r.get("vs_input")), told_apart(r.get("vs_selected"))] for r in rows]
     return ("candidate", *(k.replace("_", " ") for k in keys), *SWEEP_COLUMNS), body
+
+
+def told_apart(p: dict | None) -> str:
+    """Whether a candidate differs from the selected one on the selection half: `no (p=0.61)`."""
+    return "" if not p else f"{'yes' if p['p_value'] < 0.05 else 'no'} (p={p['p_value']:.2g})"
 
 
 def _table(head: tuple[str, ...], body: list[list[str]]) -> list[str]:

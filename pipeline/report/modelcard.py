@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from pipeline import extension
 from pipeline.evaluation import stats
 from pipeline.files import write_text
+from pipeline.report import headline
 from pipeline.runfolder import BASE, StageRecord, model_dir, stage_folders
 
 FRAMEWORKS = ("transformers", "trl", "torch", "datasets", "accelerate", "peft", "lm_eval")
@@ -86,13 +87,14 @@ def _selection(name: str, record: StageRecord) -> list[str]:
     if half:
         rule += f", on the selection half ({half} problems; the gate judges the other)"
     lines = [f"### {name}: selected `{m['selected']}` by `{metric}`", "", f"Rule: {rule}.", "",
-             f"| candidate | {metric} | selection half | difference to the input on it [95% CI], p |",
-             "|---|---|---|---|"]
+             f"| candidate | {metric} | selection half | difference to the input on it [95% CI], p | told apart from "
+             "the selected on it? |", "|---|---|---|---|---|"]
     for c in m["candidates"]:
         p = c.get("vs_input")
         paired = stats.describe(p, digits=4) if p else ""
         mark = " (selected)" if c["candidate"] == m["selected"] else ""
-        lines.append(f"| {c['candidate']}{mark} | {_num(c.get(metric))} | {_num(c.get('selection_half'))} | {paired} |")
+        lines.append(f"| {c['candidate']}{mark} | {_num(c.get(metric))} | {_num(c.get('selection_half'))} | {paired} | "
+                     f"{headline.told_apart(c.get('vs_selected'))} |")
     return [*lines, ""]
 
 
