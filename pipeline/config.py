@@ -107,8 +107,11 @@ class RunConfig:
     plan: PlanConfig = arg("the dry run", factory=PlanConfig)
     hub_mirror: str = arg("a folder of local Hub dataset copies, <owner>/<repo>/...: `hub:` sources read from it", "")
     report_to: list[str] = arg("trackers transformers supports: tensorboard, wandb, trackio, ...", factory=list)
-    push_to_hub: bool = arg("each trainer pushes its checkpoint (transformers' push_to_hub; needs a Hub login)", False)
-    hub_model_id: str = arg("push_to_hub: a stage pushes to <hub_model_id>-<NN-name>[-<candidate>]", "")
+    push_to_hub: str = arg("a Hub model repository, ORG/NAME: a run that passes pushes its final model to the main "
+                           "branch and each stage's model to a branch named after the stage (01-sft, ...); needs a "
+                           "Hub login (docs/publishing.md)", "")
+    push_candidates: bool = arg("push_to_hub: also push each sweep candidate's model, to branch <NN-stage>-<id>", False)
+    push_again: bool = arg("push_to_hub: push again what this run folder already pushed there unchanged", False)
     collective_timeout_s: int = arg("timeout of every collective (process-group waits, all-reduces) in seconds; 5 h as "
                                     "in SmolLM3's configs. Data preparation is not under it: the other ranks wait "
                                     "for the cache folder on disk", 18000)
@@ -451,6 +454,7 @@ def validate(cfg: DictConfig) -> None:
     for section in evals:
         _validate_limit(section, OmegaConf.select(cfg, section).limit, tasks)
     _validate_trackers(list(cfg.report_to))
+    _validate_repo(cfg.push_to_hub)
 
 
 def _fits(value: Any, hint: Any) -> bool:
@@ -545,6 +549,23 @@ def _validate_limit(section: str, limit: Any, tasks: set[str]) -> None:
         if task not in tasks:
             raise ConfigError(f"'{section}.limit' names task '{task}', which no eval scores (tasks: "
                               f"{', '.join(sorted(tasks))}){did_you_mean(str(task), tasks)}")
+
+
+def _validate_repo(repo: str) -> None:
+    """`push_to_hub` names a Hub model repository, ORG/NAME, by huggingface_hub's rules (imported only then)."""
+    if not repo:
+        return
+    if repo in ("True", "False"):
+        raise ConfigError(f"push_to_hub takes the Hub repository to push to, not {repo.lower()}: push_to_hub=ORG/NAME "
+                          "(e.g. push_to_hub=me/smol-tiny); hub_model_id is gone")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as err:
+        raise ConfigError(f"push_to_hub is '{repo}', not a Hub repository id: {str(err).splitlines()[0]}") from None
+    if "/" not in repo:
+        raise ConfigError(f"push_to_hub is '{repo}': name its owner too, ORG/NAME (e.g. push_to_hub=me/{repo})")
 
 
 # `report_to` trackers transformers supports -> the modules each needs ("a|b": either) and the pip package of each

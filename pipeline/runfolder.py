@@ -167,6 +167,11 @@ class RunPaths:
         """`mlruns/`: MLflow's file store, unless `MLFLOW_TRACKING_URI` says otherwise."""
         return Path(self.root) / "mlruns"
 
+    @property
+    def hub_pushes(self) -> Path:
+        """`hub_pushes.json`: what the run pushed to the Hub, per repository and revision (`report/hub.py`)."""
+        return Path(self.root) / "hub_pushes.json"
+
     def outcome(self, candidate: tuple[str, int] | None = None) -> Path:
         """`outcome.json`, or `outcome-<stage>-candidate-<i>.json` for one sweep candidate (`chain/outcome.py`)."""
         name = "outcome.json" if candidate is None else f"outcome-{candidate[0]}-candidate-{candidate[1]}.json"

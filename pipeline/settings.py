@@ -147,7 +147,8 @@ def declared(stage: Any) -> set[str]:
 
 
 # TRL fields the pipeline sets itself, whatever a stage says (a recipe pasted from elsewhere may name them)
-RUN_OWNED = {"output_dir": "a stage trains in its own folder of the run (output_root / run_name)"}
+RUN_OWNED = {"output_dir": "a stage trains in its own folder of the run (output_root / run_name)",
+             "push_to_hub": "the run pushes its models when it ends: push_to_hub=ORG/NAME (docs/publishing.md)"}
 
 
 def passed_through(stage: Any) -> dict:

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from pipeline.config import TRACKERS, load_config
 from pipeline.run import main
+from pipeline.stages.sft import sft_args
 from pipeline.train.tracking import trainer_args
 
 TRACKER_DIRS = ("TENSORBOARD_LOGGING_DIR", "TRACKIO_DIR", "WANDB_DIR", "MLFLOW_TRACKING_URI")
@@ -35,15 +36,16 @@ def installed(monkeypatch):
     return fake
 
 
-def test_trainer_args_name_the_stage_and_pass_hub_settings_through(tmp_path, installed):
+def test_trainer_args_name_the_stage_and_no_trainer_pushes(tmp_path, installed):
     installed("wandb", "trackio")
     cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", "run_name=exp1", "report_to=[wandb,trackio]",
-                       "push_to_hub=true", "hub_model_id=me/smol"])
+                       "push_to_hub=me/smol", "stages=[sft,dpo]", "sft.push_to_hub=true"])
     work = tmp_path / "exp1/stages/03-dpo/candidates/beta0.1-lr1e-05/work"
-    assert trainer_args(cfg, work) == {"report_to": ["wandb", "trackio"], "run_name": "exp1/03-dpo/beta0.1-lr1e-05",
-                                       "push_to_hub": True, "hub_model_id": "me/smol-03-dpo-beta0.1-lr1e-05"}
+    assert trainer_args(cfg, work) == {"report_to": ["wandb", "trackio"], "run_name": "exp1/03-dpo/beta0.1-lr1e-05"}
     assert trainer_args(cfg, tmp_path / "elsewhere" / "work") == {"report_to": "none"}  # not in the run's folder
     assert trainer_args(None, work) == {"report_to": "none"}  # no run (a benchmark's own trainer)
+    # TRL's own push_to_hub in a stage is ignored (a warning says so): the run pushes at its end (report/hub.py)
+    assert not sft_args(cfg.sft, work, cfg.seed, "fp32", cfg).push_to_hub
 
 
 def test_tracker_files_go_into_the_run_folder(tmp_path, installed):

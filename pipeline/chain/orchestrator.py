@@ -25,7 +25,7 @@ from pipeline.data import prep
 from pipeline.evaluation import gates, scorecache, stats
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, remove_leftovers, temp_name, write_text
-from pipeline.report import headline, leaderboard, modelcard
+from pipeline.report import headline, hub, leaderboard, modelcard
 from pipeline.runfolder import (
     BASE,
     FINISHED,
@@ -295,6 +295,10 @@ def _run_chain(run: Run) -> int:
     run.export()
     log.info("run finished in %s; final model: %s", logs.duration(time.time() - started), model)
     run.print_headline()
+    if run.cfg.push_to_hub:  # every stage passed: publish what the run made
+        with preempt.main_only(f"pushing to {run.cfg.push_to_hub}") as main:
+            if main:
+                hub.push(run.cfg, run.root, [d.dir for d in run.decisions])
     return 0
 
 

@@ -1,14 +1,14 @@
 """Every check that can be made before a model loads, in one pass: each check runs, and every problem found is
 reported at once, in one `ConfigError` (exit code 2), before the base model is built, loaded or scored.
 
-What a config alone cannot tell is checked here against what the run will meet: the base model's path and
-config (a Hub id: well formed, cached when offline, on the Hub when online), the trainer fields each stage passes
-to TRL, the device for the precision and memory switches, the attention implementation's package, the PPO batch
-arithmetic, vLLM where a backend asks for it (installed, serving the model), the chat template a chat stage needs
-(rendered on the first rows of each of its sources), LoRA target modules against the model's module names (the
-model instantiated on the meta device), every data file and its rows (with the per-stage decisions: reuse,
-resume, train), the first rows of every source (Hub splits included) against the columns its stage uses, and the
-metrics the gates read against the eval tasks. What needs a model that is not on this machine yet (a base the
+What a config alone cannot tell is checked here against what the run will meet: the base model's path and config (a
+Hub id: well formed, cached when offline, on the Hub when online), the trainer fields each stage passes to TRL, the
+device for the precision and memory switches, the attention implementation's package, the PPO batch arithmetic, vLLM
+where a backend asks for it (installed, serving the model), a Hub login where the run pushes, the chat template a
+chat stage needs (rendered on the first rows of each of its sources), LoRA target modules against the model's module
+names (the model instantiated on the meta device), every data file and its rows (with the per-stage decisions:
+reuse, resume, train), the first rows of every source (Hub splits included) against the columns its stage uses, and
+the metrics the gates read against the eval tasks. What needs a model that is not on this machine yet (a base the
 recipe's extension builds, before it is built) is left to the stage, as are rows longer than `max_length` in the
 input model's tokens.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-from pipeline import extension
+from pipeline import extension, redact
 from pipeline.chain.basemodel import check_model_path, local_config
 from pipeline.chain.resume import StageDecision, decide
 from pipeline.config import kind_of
@@ -55,7 +55,7 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
                 problems.append(str(err))
             return FAILED
 
-    for one in (trl_values, device_settings, attention, vllm):
+    for one in (trl_values, device_settings, attention, vllm, hub_login):
         attempt(one, cfg)
     rows = attempt(stage_rows, cfg)
     if attempt(check_model_path, cfg) is not FAILED:  # the chat template is read from that model's tokenizer
@@ -149,6 +149,23 @@ def vllm_uses(cfg: DictConfig) -> list[str]:
 def vllm(cfg: DictConfig) -> None:
     """Where the run uses vLLM (`vllm_uses`): that it is installed, and that it serves the base model's architecture."""
     engines.check(vllm_uses(cfg), cfg.model.name_or_path)
+
+
+def hub_login(cfg: DictConfig) -> None:
+    """`push_to_hub`: a Hub login to push with when the run ends (huggingface_hub's token: HF_TOKEN, or the file `hf
+    auth login` writes), with the Hub not switched off (HF_HUB_OFFLINE). The token is only scrubbed from the log."""
+    if not cfg.push_to_hub:
+        return
+    from huggingface_hub import constants, get_token
+
+    token = get_token()
+    if not token:
+        raise ConfigError(f"push_to_hub={cfg.push_to_hub} needs a Hub login, and there is none: run `hf auth login` or "
+                          "set HF_TOKEN (a token that can write to it)")
+    redact.remember({"token": token})
+    if constants.is_offline_mode():
+        raise ConfigError(f"push_to_hub={cfg.push_to_hub} needs the Hub, and HF_HUB_OFFLINE is set: unset it, or run "
+                          "without push_to_hub")
 
 
 def chat_template(cfg: DictConfig, rows: dict[str, list[tuple[str, dict]]] | None = None) -> None:

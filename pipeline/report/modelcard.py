@@ -1,17 +1,20 @@
-"""Hub-style model cards: `<stage>/model/README.md` for every stage's checkpoint (the last is the final model).
+"""Hub-style model cards: `<stage>/model/README.md` for every stage's checkpoint, and the cards `report/hub.py`
+pushes (the final model's, each stage's and sweep candidate's).
 
-Built from the run's config and its stage records: the lineage (the Hub base model, or the input stage's
-Hub repo when the run pushes), the chain of stages up to this one with their data, the settings each
-model was really trained with (a sweep's selected candidate's) and each stage's gain over its input with
-its 95% interval, the eval table with stderr and each task's split, the selection record of sweep stages,
-a usage snippet and the framework versions. The YAML header carries huggingface_hub's ModelCardData:
-`model-index`, `base_model`, `datasets` (the Hub sources of the mixtures), `pipeline_tag`, tags, and
-`license` / `language` taken from the base model's own card when it is at hand (a local folder or the
-Hub cache).
+Built from the run's config and its stage records: the chain of stages up to this model with their data, the
+settings each model was really trained with (a sweep's selected candidate's) and each stage's gain over its input
+with its 95% interval, the eval table with stderr, the selection record of sweep stages, a usage snippet (the Hub
+repository and revision when the run pushes, else the model's path in the run folder) and the framework versions.
+The YAML header is huggingface_hub's ModelCardData: `base_model` (the Hub base model) with `base_model_relation`
+(finetune; merge for a soup or merge; adapter for a PEFT adapter), `datasets` (the Hub sources of the mixtures;
+local files are named in the stages table only), `model-index` (each metric on the dataset its lm-eval task reads:
+the Hub id, config and split), `library_name`, `pipeline_tag`, tags (trl, smol-pipeline, the stage kinds), and
+`license` / `language` from the base model's own card when it is at hand (a local folder or the Hub cache).
 """
 
 from __future__ import annotations
 
+import re
 from importlib import metadata
 from pathlib import Path
 
@@ -22,9 +25,10 @@ from pipeline import extension
 from pipeline.evaluation import stats
 from pipeline.files import write_text
 from pipeline.report import headline
-from pipeline.runfolder import BASE, StageRecord, model_dir, stage_folders
+from pipeline.runfolder import BASE, StageRecord, model_dir, stage_folders, stage_label, stored_path
 
 FRAMEWORKS = ("transformers", "trl", "torch", "datasets", "accelerate", "peft", "lm_eval")
+MERGES = ("soup", "merge")  # the sweep candidates that average models rather than train one
 KEYS = ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
         "beta", "loss_type")
 
@@ -98,9 +102,11 @@ def _selection(name: str, record: StageRecord) -> list[str]:
     return [*lines, ""]
 
 
-def _records(run_dir: Path, stage_dir: Path) -> list[tuple[str, StageRecord]]:
-    """(folder name, record) of the base and every stage up to `stage_dir`."""
-    return [(p.name, StageRecord.read(p)) for p in stage_folders(run_dir) if p.name <= Path(stage_dir).name]
+def _records(run_dir: Path, folder: Path, label: str) -> list[tuple[str, StageRecord]]:
+    """(label, record) of the base, every stage before the one of `folder`, and `folder` (a stage or a candidate)."""
+    stage = label.partition("/")[0]
+    earlier = [(p.name, StageRecord.read(p)) for p in stage_folders(run_dir) if p.name < stage]
+    return [*earlier, (label, StageRecord.read(folder))]
 
 
 def _is_hub_id(name: str) -> bool:
@@ -115,17 +121,34 @@ def _base_card(base: str) -> ModelCardData | None:
     return ModelCard.load(path).data if path else None
 
 
-def _repo(cfg: DictConfig, stage: str) -> str | None:
-    """The Hub repo a stage's checkpoint is pushed to (`tracking`'s naming), or None when the run does not push."""
-    return f"{cfg.hub_model_id}-{stage}" if cfg.push_to_hub and cfg.hub_model_id else None
+def revision(label: str) -> str:
+    """The Hub branch the model of a stage or sweep candidate (`stage_label`: `02-dpo`, `02-dpo/beta0.1-lr1e-05`)
+    is pushed to: `02-dpo`, `02-dpo-beta0.1-lr1e-05`, with what a branch name cannot hold replaced by `_`."""
+    return re.sub(r"[^\w.-]+|\.{2,}", "_", label.replace("/", "-")).strip("._")
 
 
-def _lineage(cfg: DictConfig, trained: list[tuple[str, StageRecord]], built: bool) -> str | None:
-    """`base_model`: the input stage's Hub repo when the run pushes, else the Hub base model (None: not on the Hub)."""
-    if len(trained) > 1 and _repo(cfg, trained[-2][0]):
-        return _repo(cfg, trained[-2][0])
-    base = cfg.model.name_or_path
-    return base if not built and _is_hub_id(base) else None
+def _hub_dataset(task: dict, cfg: DictConfig) -> str | None:
+    """The Hub id of the dataset an lm-eval task config reads (`dataset_path`, or the repository of which it reads
+    the `hub_mirror` copy); None for local files."""
+    path, mirror = str(task.get("dataset_path") or ""), Path(cfg.hub_mirror).resolve() if cfg.hub_mirror else None
+    if mirror and Path(path).is_absolute() and Path(path).is_relative_to(mirror):
+        return Path(path).relative_to(mirror).as_posix()
+    return path if _is_hub_id(path) else None
+
+
+def _results(record: StageRecord, cfg: DictConfig) -> list[EvalResult]:
+    """The record's scores as the Hub's `model-index` reads them: per metric, the dataset its task reads (the Hub
+    id, or the task's name for local data), the task's config and split, and lm-eval's metric."""
+    ev = record.eval or {}
+    configs, splits, out = ev.get("task_configs") or {}, ev.get("splits") or {}, []
+    for key, value in record.scores().items():
+        task, _, metric = key.partition("/")
+        hub = _hub_dataset(configs.get(task) or {}, cfg)
+        out.append(EvalResult(task_type="text-generation", dataset_type=hub or task, dataset_name=task,
+                              dataset_config=(configs.get(task) or {}).get("dataset_name") if hub else None,
+                              dataset_split=splits.get(task, "test"), metric_type=metric.split(",")[0],
+                              metric_name=metric, metric_value=value))
+    return out
 
 
 def _versions() -> list[str]:
@@ -138,48 +161,65 @@ def _versions() -> list[str]:
     return out
 
 
-def _usage(model: str) -> list[str]:
-    return ["```python", "from transformers import pipeline", "",
-            f'chat = pipeline("text-generation", model="{model}")',
+def _usage(cfg: DictConfig, run_dir: Path, folder: Path, branch: str | None) -> list[str]:
+    """Loading the model: from the Hub repository (at `branch` unless None: main) when the run pushes, else from
+    its path in the run folder."""
+    if cfg.push_to_hub:
+        model = f'"{cfg.push_to_hub}"' + (f', revision="{branch}"' if branch else "") + ")"
+    else:
+        model = f'"{stored_path(model_dir(folder), run_dir)}")  # its path in the run folder'
+    return ["```python", "from transformers import pipeline", "", f'chat = pipeline("text-generation", model={model}',
             'messages = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many does he have?"}]',
             'print(chat(messages, max_new_tokens=256)[0]["generated_text"][-1]["content"])', "```"]
 
 
-def card(cfg: DictConfig, run_dir: Path, stage_dir: Path) -> ModelCard:
-    """The model card of `stage_dir`'s checkpoint: the chain of the run `cfg` (in `run_dir`) up to (and including)
-    that stage."""
-    records = _records(run_dir, stage_dir)
-    trained = [(n, r) for n, r in records if n != BASE]
+def _published(cfg: DictConfig, branch: str | None) -> list[str]:
+    """Where this model is on the Hub (when the run pushes)."""
+    if not cfg.push_to_hub:
+        return []
+    where = f"revision `{branch}` of `{cfg.push_to_hub}`, whose main branch" if branch else (
+        f"the main branch of `{cfg.push_to_hub}`: it")
+    return [f"This is {where} holds the run's final model; each stage's model is the revision named after the stage "
+            "(`revision=` of `from_pretrained`).", ""]
+
+
+def card(cfg: DictConfig, run_dir: Path, folder: Path, main: bool = False) -> ModelCard:
+    """The model card of the checkpoint of `folder` (a stage's or a sweep candidate's) in the run `cfg` (in
+    `run_dir`): the chain up to it; `main`: as the repository's main branch shows the final model."""
+    label = stage_label(Path(folder).resolve(), Path(run_dir).resolve())
+    records = _records(run_dir, folder, label)
+    trained, record = [(n, r) for n, r in records if n != BASE], records[-1][1]
     base = cfg.model.name_or_path
     built = bool(cfg.get("extension")) and base == getattr(extension.load(cfg.extension), "SECTION", None)
-    own, splits = records[-1][1].scores(), (records[-1][1].eval or {}).get("splits") or {}
-    results = []
-    for key, value in own.items():
-        task, _, metric = key.partition("/")
-        results.append(EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task,
-                                  dataset_split=splits.get(task, "test"), metric_type=metric.split(",")[0],
-                                  metric_name=metric, metric_value=value))
+    hub_base = base if not built and _is_hub_id(base) else None
+    adapter = (model_dir(folder) / "adapter_config.json").is_file()  # a PEFT adapter (stages save merged models)
+    relation = "adapter" if adapter else "merge" if record.candidate in MERGES or record.selected in MERGES else (
+        "finetune")
     hub_data = sorted({d["hub"] for _, r in trained for d in r.data or [] if d.get("hub")})
     known = _base_card(base) if not built else None
-    name = Path(stage_dir).name
-    data = ModelCardData(model_name=f"{cfg.run_name}/{name}", library_name="transformers",
-                         pipeline_tag="text-generation", base_model=_lineage(cfg, trained, built),
+    results, branch = _results(record, cfg), None if main else revision(label)
+    data = ModelCardData(model_name=f"{cfg.run_name}/{label}", library_name="peft" if adapter else "transformers",
+                         pipeline_tag="text-generation", base_model=hub_base,
+                         base_model_relation=relation if hub_base else None,
                          datasets=hub_data or None, license=getattr(known, "license", None),
                          language=getattr(known, "language", None),
                          tags=["smol-pipeline", "trl", *dict.fromkeys(r.stage or "" for _, r in trained)],
                          eval_results=results or None)
-    model = _repo(cfg, name) or str(model_dir(Path(stage_dir).resolve()))
-    body = [f"# {cfg.run_name} / {name}", "",
+    body = [f"# {cfg.run_name} / {label}", "",
             f"Trained by smol-pipeline (recipe `{cfg.recipe}`, seed {cfg.seed}) from base model `{base}`"
             + (f" (built by the recipe's extension `{cfg.extension}`)" if built else "") + ".", "",
-            "## Usage", "", *_usage(model), "",
+            *_published(cfg, branch),
+            "## Usage", "", *_usage(cfg, run_dir, folder, branch), "",
             "## Stages", "", *_chain(trained), "",
-            "## Evaluation (+- is lm-eval's stderr; each task's split is in the metadata)", "", *_evals(records), ""]
+            "## Evaluation (+- is lm-eval's stderr; each task's dataset and split are in the metadata)", "",
+            *_evals(records), ""]
     selections = [line for n, r in trained for line in _selection(n, r)]
     if selections:
         body += ["## Selection", "", *selections]
     body += ["## Framework versions", "", *_versions(), ""]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body))
+
+
 def write(cfg: DictConfig, run_dir: Path, stage_dir: Path) -> Path | None:
     """Write `stage_dir/model/README.md` for the run `cfg` in `run_dir`; None when the stage has no checkpoint
     folder."""

@@ -1,4 +1,4 @@
-"""Experiment tracking and Hub pushes: the run's `report_to` / `push_to_hub` settings as trainer arguments.
+"""Experiment tracking: the run's `report_to` setting as trainer arguments.
 
 `report_to` goes to transformers as is (tensorboard, wandb, trackio, mlflow, ... or "all"; the config loader
 checks each one's package is installed); each trainer is named `<run_name>/<NN-stage>[/<candidate>]`. The
@@ -6,6 +6,7 @@ trackers' local files stay in the run folder: TensorBoard's event files under th
 `<stage>/[candidates/<id>/]logs/` (transformers' `TENSORBOARD_LOGGING_DIR`; the trainer's own output folder is
 removed after training), trackio's database in `<run>/trackio/`, W&B's offline files in `<run>/wandb/` and
 MLflow's file store in `<run>/mlruns/`, unless `TRACKIO_DIR` / `WANDB_DIR` / `MLFLOW_TRACKING_URI` say otherwise.
+No trainer pushes to the Hub: the run pushes its models when it ends (`pipeline.report.hub`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pipeline.runfolder import RunPaths, logs_dir, run_dir, stage_label
 
 
 def trainer_args(cfg: DictConfig | None, work_dir: Path) -> dict:
-    """TrainingArguments fields for tracking and Hub pushes of the run `cfg`'s trainer writing to `work_dir`
+    """TrainingArguments fields for tracking of the run `cfg`'s trainer writing to `work_dir`
     (`<run>/stages/<NN-stage>/[candidates/<id>/]work`); no tracking without a run or outside its folder."""
     root = run_dir(cfg).resolve() if cfg is not None else None
     out = Path(work_dir).resolve().parent  # the stage (or candidate) folder
@@ -27,11 +28,7 @@ def trainer_args(cfg: DictConfig | None, work_dir: Path) -> dict:
     if label is None:
         return {"report_to": "none"}
     _local_dirs(list(cfg.report_to), root, out)
-    args = {"report_to": list(cfg.report_to) or "none", "run_name": f"{cfg.run_name}/{label}"}
-    if cfg.push_to_hub:
-        repo = f"{cfg.hub_model_id}-{label.replace('/', '-')}" if cfg.hub_model_id else None
-        args.update(push_to_hub=True, hub_model_id=repo)
-    return args
+    return {"report_to": list(cfg.report_to) or "none", "run_name": f"{cfg.run_name}/{label}"}
 
 
 def _local_dirs(trackers: list[str], root: Path, stage: Path) -> None:

@@ -42,7 +42,7 @@ log = logging.getLogger("pipeline")
 
 def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> dict:
     """TrainingArguments shared by every TRL trainer we drive (bf16 on capable GPUs, CPU-safe otherwise); the run
-    `run` (when given) adds its tracking and Hub settings."""
+    `run` (when given) adds its tracking settings."""
     return dict(
         output_dir=str(work_dir),
         learning_rate=stage.learning_rate,
@@ -66,7 +66,7 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Dict
         **prec.trainer_flags(precision),
         **prec.memory_args(stage),
         use_cpu=not torch.cuda.is_available(),
-        **tracking.trainer_args(run, work_dir),  # report_to, run_name, push_to_hub: the run's settings
+        **tracking.trainer_args(run, work_dir),  # report_to, run_name: the run's settings
         disable_tqdm=not (is_main() and sys.stderr.isatty()),  # quiet in CI logs and ranks > 0
         **trainer_state_args(),
     )
