@@ -30,7 +30,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert err.value.code == BAD_INPUT and "\n" not in message
     assert message.startswith("4 problems: (1) ")
     for part in ("TRL's SFTConfig refuses it: adamw_nope", "no_such_mixture",
-                 "flash_attention_2 needs", "gate of stage 'sft' uses metric 'tiny_gsm/acc,none'"):
+                 "flash_attention_2 needs", "'sft.gate.metric' is 'tiny_gsm/acc,none'"):
         assert part in message, part
 
 
