@@ -7,8 +7,9 @@ to TRL, the device for the precision and memory switches, the attention implemen
 arithmetic, vLLM where a backend asks for it (installed, serving the model), the chat template a chat stage needs
 (rendered on the first rows of each of its sources), LoRA target modules against the model's module names (the
 model instantiated on the meta device), every data file and its rows (with the per-stage decisions: reuse,
-resume, train), the first rows of every source (Hub splits included) against the columns its stage uses, and the
-metrics the gates read against the eval tasks. What needs a model that is not on this machine yet (a base the
+resume, train), the first rows of every source (Hub splits included) against the columns its stage uses, every eval
+task's name (shipped, the extension's, `eval.include_path`'s or lm-eval's registry) and the metrics the gates read
+against the eval tasks. What needs a model that is not on this machine yet (a base the
 recipe's extension builds, before it is built) is left to the stage, as are rows longer than `max_length` in the
 input model's tokens.
 """
@@ -27,7 +28,7 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from pipeline import extension
 from pipeline.chain.basemodel import check_model_path, local_config
 from pipeline.chain.resume import StageDecision, decide
-from pipeline.config import kind_of
+from pipeline.config import did_you_mean, kind_of
 from pipeline.data import chat
 from pipeline.data import mixtures as data
 from pipeline.errors import ConfigError
@@ -62,6 +63,7 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
         attempt(chat_template, cfg, {} if rows is FAILED else rows)
         attempt(lora_targets, cfg)
     decisions = attempt(decide, cfg, root)
+    attempt(eval_tasks, cfg, tasks_dir)
     attempt(gate_metrics, cfg, tasks_dir)
     if len(problems) == 1:
         raise ConfigError(problems[0])
@@ -230,15 +232,26 @@ def lora_targets(cfg: DictConfig) -> None:
                                   f"model's linear layers: {', '.join(leaves)}") from None
 
 
+def eval_tasks(cfg: DictConfig, tasks_dir: Path) -> None:
+    """Every task the base's and each enabled stage's evaluation scores is one lm-eval knows: written into the run
+    (`tasks_dir`: shipped and the recipe extension's), in `eval.include_path`, or in lm-eval's own registry (its
+    index is built once per process, only when a task is not local); an unknown name is refused with the closest
+    names lm-eval knows."""
+    for name in [None, *_enabled(cfg)]:
+        evaluate.check_tasks(evaluate.settings(cfg, name), tasks_dir)
+
+
 def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
-    """Each gate's metric is one its stage's evaluation produces (the base evaluation's tasks exist too)."""
-    evaluate.expected_metrics(evaluate.settings(cfg, None), tasks_dir)  # unknown base-eval tasks fail here
-    for name in _enabled(cfg):
+    """Each gate's metric is one its stage's evaluation produces: a metric its tasks report per problem under one of
+    their filters, read from the tasks' configs."""
+    for name in [n for n in _enabled(cfg) if cfg[n].gate.metric]:
         ev, gate = evaluate.settings(cfg, name), cfg[name].gate
         produced = evaluate.expected_metrics(ev, tasks_dir)
-        if gate.metric and gate.metric not in produced:
-            raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce "
-                              f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
+        if gate.metric not in produced:
+            listed = sorted(produced)[:12] + ([f"{len(produced) - 12} more"] if len(produced) > 12 else [])
+            raise ConfigError(f"gate of stage '{name}' uses metric '{gate.metric}', which its eval does not produce"
+                              f"{did_you_mean(gate.metric, produced)} (eval tasks {ev['tasks']} produce: "
+                              f"{', '.join(listed) or 'nothing'})")
 
 
 def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:
