@@ -129,7 +129,6 @@ CHOICES = {
     "action": ("stop", "warn"),
     "test": ("no_significant_drop", "non_inferior", "superior"),
     "backend": ("hf", "vllm"),
-    "reward": ("verifiable", "model"),
     "kl_estimator": ("k1", "k3"),
     "value_init": ("policy", "reward_model"),
 }

@@ -43,15 +43,17 @@ class EvalConfig:
     """lm-eval settings. Top-level `eval` applies to every checkpoint; `base_eval` and each stage's
     `eval` override only the fields they set (null = inherit)."""
 
-    tasks: list[str] | None = arg("gsm8k_local, gsm8k_local_val, gsm8k (Hub), a task of eval.include_path or "
-                                  "of the recipe's extension, any lm-eval task name", None)
+    tasks: list[str] | None = arg("task names: shipped (gsm8k_local, gsm8k_local_val), the recipe extension's, "
+                                  "eval.include_path's, or any of lm-eval's registry (gsm8k, arc_easy, mmlu, ...; "
+                                  "data from the Hub)", None)
     num_fewshot: int | None = arg("-1: the task's own default", None)
     limit: Any = arg("problems scored per task, the first ones: a number for every task, or a mapping task -> number "
                      "(a task it leaves out is scored in full); 0: all", None)
     max_gen_toks: int | None = arg("most tokens generated per answer", None)
     batch_size: int | None = arg("lm-eval batch size", None)
     apply_chat_template: bool | None = arg("true for instruct checkpoints, false for base models", None)
-    include_path: str | None = arg("a folder of extra lm-eval task YAMLs", None)
+    include_path: str | None = arg("your lm-eval tasks: a folder of task YAMLs, or one task YAML (its folder is read)",
+                                   None)
     gsm8k_dir: str | None = arg("GSM8K train.jsonl / test.jsonl folder (task gsm8k_local); empty: openai/gsm8k", None)
     chat_template_kwargs: Any = arg("a mapping passed to the chat template, e.g. {enable_thinking: false}", None,
                                     added=True)

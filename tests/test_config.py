@@ -120,11 +120,14 @@ def test_smol_recipe_has_published_settings():
 
 @pytest.mark.parametrize("recipe", available_recipes())
 def test_every_shipped_recipe_has_gates_its_eval_produces(recipe, tmp_path):
-    from pipeline.chain.preflight import gate_metrics
+    """Its tasks are known and its gates read metrics they produce (any task's: tests/test_eval_tasks.py)."""
+    from pipeline.chain.preflight import eval_tasks, gate_metrics
     from pipeline.evaluation.lmeval import write_tasks
 
     cfg = load_config([f"recipe={recipe}", f"output_root={tmp_path}"])
-    gate_metrics(cfg, write_tasks(cfg, tmp_path / "tasks"))  # raises ConfigError otherwise
+    tasks = write_tasks(cfg, tmp_path / "tasks")
+    eval_tasks(cfg, tasks)  # each raises ConfigError otherwise
+    gate_metrics(cfg, tasks)
 
 
 def test_length_grouped_sampling_reaches_the_trainer(tmp_path):

@@ -1,16 +1,17 @@
 """Every check that can be made before a model loads, in one pass: each check runs, and every problem found is
 reported at once, in one `ConfigError` (exit code 2), before the base model is built, loaded or scored.
 
-What a config alone cannot tell is checked here against what the run will meet: the base model's path and config (a
-Hub id: well formed, cached when offline, on the Hub when online), the trainer fields each stage passes to TRL, the
-device for the precision and memory switches, the attention implementation's package, the PPO batch arithmetic, vLLM
-where a backend asks for it (installed, serving the model), a Hub login where the run pushes, the chat template a
-chat stage needs (rendered on the first rows of each of its sources), LoRA target modules against the model's module
-names (the model instantiated on the meta device), every data file and its rows (with the per-stage decisions:
-reuse, resume, train), the first rows of every source (Hub splits included) against the columns its stage uses, and
-the metrics the gates read against the eval tasks. What needs a model that is not on this machine yet (a base the
-recipe's extension builds, before it is built) is left to the stage, as are rows longer than `max_length` in the
-input model's tokens.
+What a config alone cannot tell is checked here against what the run will meet: the base model's path and
+config (a Hub id: well formed, cached when offline, on the Hub when online), the trainer fields each stage passes
+to TRL, the device for the precision and memory switches, the attention implementation's package, the PPO batch
+arithmetic, vLLM where a backend asks for it (installed, serving the model), a Hub login where the run pushes,
+the chat template a chat stage needs (rendered on the first rows of each of its sources), LoRA target modules
+against the model's module names (the model instantiated on the meta device), every data file and its rows (with
+the per-stage decisions: reuse, resume, train), the first rows of every source (Hub splits included) against the
+columns its stage uses, every eval task's name (shipped, the extension's, `eval.include_path`'s or lm-eval's
+registry) and the metrics the gates read against the eval tasks. What needs a model that is not on this machine
+yet (a base the recipe's extension builds, before it is built) is left to the stage, as are rows longer than
+`max_length` in the input model's tokens.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from pipeline import extension, redact
 from pipeline.chain.basemodel import check_model_path, local_config
 from pipeline.chain.resume import StageDecision, decide
-from pipeline.config import kind_of
+from pipeline.config import did_you_mean, kind_of
 from pipeline.data import chat
 from pipeline.data import mixtures as data
 from pipeline.errors import ConfigError
@@ -62,6 +63,7 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
         attempt(chat_template, cfg, {} if rows is FAILED else rows)
         attempt(lora_targets, cfg)
     decisions = attempt(decide, cfg, root)
+    attempt(eval_tasks, cfg, tasks_dir)
     attempt(gate_metrics, cfg, tasks_dir)
     if len(problems) == 1:
         raise ConfigError(problems[0])
@@ -247,16 +249,27 @@ def lora_targets(cfg: DictConfig) -> None:
                                   f"model's linear layers: {', '.join(leaves)}") from None
 
 
+def eval_tasks(cfg: DictConfig, tasks_dir: Path) -> None:
+    """Every task the base's and each enabled stage's evaluation scores is one lm-eval knows: written into the run
+    (`tasks_dir`: shipped and the recipe extension's), in `eval.include_path`, or in lm-eval's own registry (its
+    index is built once per process, only when a task is not local); an unknown name is refused with the closest
+    names lm-eval knows."""
+    for name in [None, *_enabled(cfg)]:
+        evaluate.check_tasks(evaluate.settings(cfg, name), tasks_dir)
+
+
 def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
-    """Each gate's metric is one its stage's evaluation produces (the base evaluation's tasks exist too)."""
-    evaluate.expected_metrics(evaluate.settings(cfg, None), tasks_dir)  # unknown base-eval tasks fail here
-    for name in _enabled(cfg):
+    """Each gate's metric is one its stage's evaluation produces: a metric its tasks report per problem under one of
+    their filters, read from the tasks' configs."""
+    for name in [n for n in _enabled(cfg) if cfg[n].gate.metric]:
         ev, gate = evaluate.settings(cfg, name), cfg[name].gate
         produced = evaluate.expected_metrics(ev, tasks_dir)
         for key, metric in (("metric", gate.metric), ("tie_break", gate.tie_break)):
             if metric and metric not in produced:
-                raise ConfigError(f"'{name}.gate.{key}' is '{metric}', which the stage's eval does not produce "
-                                  f"(eval tasks {ev['tasks']} produce: {', '.join(sorted(produced)) or 'nothing'})")
+                listed = sorted(produced)[:12] + ([f"{len(produced) - 12} more"] if len(produced) > 12 else [])
+                raise ConfigError(f"'{name}.gate.{key}' is '{metric}', which the stage's eval does not produce"
+                                  f"{did_you_mean(metric, produced)} (eval tasks {ev['tasks']} produce: "
+                                  f"{', '.join(listed) or 'nothing'})")
 
 
 def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:

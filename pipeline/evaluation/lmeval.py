@@ -2,15 +2,16 @@
 
 Shipped tasks (`pipeline/evaluation/tasks/*.yaml`) include lm-eval's own gsm8k definition and override its data
 source; their `${...}` placeholders are filled here and the result is written to
-`<run>/eval_tasks/`, so `lm_eval --include_path <run>/eval_tasks` reproduces a score. Any other
-lm-eval task is used by name (`gsm8k` needs the Hub), and `eval.include_path` adds a folder of
-user task YAMLs. Metrics are named `<task>/<metric>,<filter>` (e.g.
-`gsm8k_local_val/exact_match,strict-match`).
+`<run>/eval_tasks/`, so `lm_eval --include_path <run>/eval_tasks` reproduces a score. Any task of lm-eval's
+registry is used by name (its data from the Hub), and `eval.include_path` adds a folder of user task YAMLs;
+`check_tasks` refuses an unknown name with the closest ones. Metrics are named `<task>/<metric>,<filter>` (e.g.
+`gsm8k_local_val/exact_match,strict-match`); `expected_metrics` reads them from the tasks' configs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import json
 import logging
@@ -83,37 +84,93 @@ def write_tasks(cfg: DictConfig, out: Path) -> Path:
 
 
 @functools.cache
-def task_manager(include_paths: tuple[str, ...], tasks: tuple[str, ...]):
-    """One lm-eval TaskManager per process, include paths and tasks. lm-eval's own task index (thousands
-    of YAMLs: seconds to build) is read only when a task is not in the include paths."""
+def task_manager(include_paths: tuple[str, ...], defaults: bool):
+    """One lm-eval TaskManager per process and include paths, with lm-eval's own task index (thousands of YAMLs:
+    seconds to build) or without it."""
     from lm_eval.tasks import TaskManager
 
-    if include_paths:
-        local = TaskManager(include_path=list(include_paths), include_defaults=False)
-        if all(task in local.task_index for task in tasks):
-            return local
-    return TaskManager(include_path=list(include_paths) or None)
+    return TaskManager(include_path=list(include_paths) or None, include_defaults=defaults)
+
+
+def include_folder(ev: dict) -> Path | None:
+    """The folder `ev["include_path"]` names (a folder of task YAMLs, or one task YAML: the folder it is in)."""
+    if not ev.get("include_path"):
+        return None
+    path = Path(ev["include_path"]).expanduser().resolve()
+    return path.parent if path.suffix in (".yaml", ".yml") else path
 
 
 def _task_manager(ev: dict, tasks_dir: Path):
-    return task_manager(tuple(str(p) for p in (tasks_dir, ev.get("include_path")) if p), tuple(ev["tasks"]))
+    """The TaskManager that knows `ev`'s tasks: the run's task folder and `eval.include_path` alone when they hold
+    every task, else with lm-eval's own index too."""
+    paths = tuple(str(p) for p in (tasks_dir, include_folder(ev)) if p)
+    local = task_manager(paths, False)
+    return local if all(task in local.task_index for task in ev["tasks"]) else task_manager(paths, True)
+
+
+def check_tasks(ev: dict, tasks_dir: Path):
+    """The TaskManager of `ev`'s tasks, each a task, group or tag it knows; a ConfigError naming the first unknown
+    one with the closest names lm-eval knows (or the include path that does not exist, or its YAMLs that do not
+    load)."""
+    folder = include_folder(ev)
+    if folder is not None and not folder.is_dir():
+        raise ConfigError(f"eval.include_path {ev['include_path']} does not exist: name a folder of lm-eval task "
+                          "YAMLs, or one task YAML")
+    tm = _task_manager(ev, tasks_dir)
+    for task in [t for t in ev["tasks"] if t not in tm.task_index]:
+        close = difflib.get_close_matches(task, tm.all_tasks, n=3, cutoff=0.6)
+        hint = f"; closest: {', '.join(close)}" if close else ""
+        own = ", ".join(sorted(p.stem for p in tasks_dir.glob("*.yaml")))
+        raise ConfigError(f"unknown eval task '{task}': not among the run's tasks ({own}), eval.include_path's or "
+                          f"lm-eval's registry{hint}{_unreadable(folder)}")
+    return tm
+
+
+def _unreadable(folder: Path | None) -> str:
+    """"; X.yaml does not load (why)" for the first YAML of the include folder lm-eval cannot read (it skips it)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    for path in sorted(folder.glob("**/*.yaml")) if folder else []:
+        try:
+            load_yaml(path, resolve_func=False)
+        except Exception as err:  # any reason lm-eval skips the file
+            return f"; {path} does not load ({' '.join(str(err).split())[:200]})"
+    return ""
+
+
+def _produced(tm: Any, name: str, config: dict | None = None) -> set[str]:
+    """The `<task>/<metric>,<filter>` names task, group or tag `name` of `tm` produces, read from its config
+    (`config` over the registered one): a task's `metric_list` (else lm-eval's defaults for its `output_type`)
+    under each of its filters ("none" without); a group's aggregate metrics and its tasks'; a tag's tasks'."""
+    from lm_eval.api.registry import DEFAULT_METRIC_REGISTRY
+
+    entry = tm.task_index.get(name)
+    if entry is not None and entry.kind.name == "TAG":
+        return set().union(*(_produced(tm, task) for task in sorted(entry.tags)))
+    cfg = {**((entry.cfg or {}) if entry else {}), **(config or {})}
+    if "group" in cfg:
+        out = {f"{name}/{m['metric']},{f}" for m in _as_list(cfg.get("aggregate_metric_list"))
+               for f in _as_list(m.get("filter_list", "none"))}
+        children = [(c, None) if isinstance(c, str) else (c.get("group") or c["task"], c)
+                    for c in _as_list(cfg.get("task"))]  # a name, or a config of its own (over a registered one)
+        return out.union(*(_produced(tm, child, own) for child, own in children))
+    metrics = [m["metric"] for m in cfg.get("metric_list") or []] or \
+        DEFAULT_METRIC_REGISTRY[cfg.get("output_type") or "generate_until"]
+    filters = [f["name"] for f in cfg.get("filter_list") or []] or ["none"]
+    return {f"{name}/{m},{f}" for m in metrics for f in filters}
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [] if value is None else [value]
 
 
 def expected_metrics(ev: dict, tasks_dir: Path) -> set[str]:
-    """The `<task>/<metric>,<filter>` names that `ev`'s tasks produce, read from their configs."""
+    """The `<task>/<metric>,<filter>` names that `ev`'s tasks produce, read from their configs (`check_tasks`'
+    error for an unknown task)."""
     if not ev["tasks"]:
         return set()
-    tm = _task_manager(ev, tasks_dir)
-    out = set()
-    for task in ev["tasks"]:
-        entry = tm.task_index.get(task)
-        if entry is None or entry.cfg is None:
-            raise ConfigError(f"unknown lm-eval task '{task}' (shipped: gsm8k_local, gsm8k_local_val; "
-                              "or any lm-eval task name, or a folder in eval.include_path)")
-        metrics = [m["metric"] for m in entry.cfg.get("metric_list", [])]
-        filters = [f["name"] for f in entry.cfg.get("filter_list", [])] or ["none"]
-        out |= {f"{task}/{m},{f}" for m in metrics for f in filters}
-    return out
+    tm = check_tasks(ev, tasks_dir)
+    return set().union(*(_produced(tm, task) for task in ev["tasks"]))
 
 
 def split_of(task_config: dict) -> str:
@@ -125,8 +182,8 @@ def split_of(task_config: dict) -> str:
 
 def metric_splits(ev: dict, tasks_dir: Path) -> dict[str, str]:
     """`<task>` -> the split it scores (`split_of`), for `ev`'s tasks, read from their configs."""
-    tm = _task_manager(ev, tasks_dir)
-    return {task: split_of(tm.task_index[task].cfg) for task in ev["tasks"] if task in tm.task_index}
+    index = _task_manager(ev, tasks_dir).task_index
+    return {task: split_of(index[task].cfg) for task in ev["tasks"] if task in index and index[task].cfg}
 
 
 def quiet_progress(lm: Any) -> None:

@@ -32,12 +32,14 @@ HALVES = {"selection": 0, "gate": 1}  # doc_id % 2 of each half of a swept stage
 
 def problem_scores(text: str) -> dict[str, dict[int, float]]:
     """`{"<metric>,<filter>": {doc_id: value}}` of the per-problem rows in the text of a `samples_<task>.jsonl`:
-    every number a row holds besides its doc_id (its metrics), under the row's answer filter."""
+    the number each metric the row lists (`metrics`: exact_match, acc, acc_norm, ...) has for it, under the row's
+    answer filter (a metric whose value is not one number, e.g. ifeval's per-instruction lists, has none); a row
+    without that list: every number it holds but its doc_id and target (a multiple-choice answer's index)."""
     out: dict[str, dict[int, float]] = {}
     for row in (json.loads(line) for line in text.splitlines() if line.strip()):
-        for name, value in row.items():
-            if name != "doc_id" and isinstance(value, (int, float)):
-                out.setdefault(f"{name},{row.get('filter', 'none')}", {})[int(row["doc_id"])] = float(value)
+        for name in row.get("metrics") or [k for k in row if k not in ("doc_id", "target")]:
+            if isinstance(row.get(name), (int, float)):
+                out.setdefault(f"{name},{row.get('filter', 'none')}", {})[int(row["doc_id"])] = float(row[name])
     return out
 
 

@@ -1,5 +1,5 @@
-"""Held-out scoring for RL stages: the mean verifiable reward of greedy answers to held-out problems
-(those the recipe's extension ships; none otherwise)."""
+"""Held-out scoring for RL stages: the mean `#### N` reward (`verifiers.gsm8k`) of greedy answers to held-out
+problems (those the recipe's extension ships, GSM8K-style; none otherwise)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from pipeline.evaluation.verifiers import gsm8k
 from pipeline.extension import heldout_problems
 from pipeline.generation.generator import Generator
-from pipeline.rl.rewards import as_chat, verifiable
+from pipeline.rl.rewards import as_chat
 
 
 def heldout_rows(cfg: DictConfig) -> list[dict]:
@@ -22,4 +23,4 @@ def greedy_reward(model: Any, tok: Any, rows: list[dict], max_new_tokens: int, b
     if not rows:
         return float("nan")
     outs = Generator(tok, model, batch_size=batch_size).generate([r["prompt"] for r in rows], max_new_tokens)
-    return sum(verifiable(o[0], r["answer"]) for o, r in zip(outs, rows, strict=True)) / len(rows)
+    return sum(gsm8k([o[0] for o in outs], [r["answer"] for r in rows])) / len(rows)

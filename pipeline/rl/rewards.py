@@ -1,7 +1,8 @@
-"""Sequence rewards shared by the PPO and GRPO stages: the verifiable GSM8K check and a reward model.
+"""Sequence rewards shared by the PPO and GRPO stages: a verifier or a reward model.
 
-- verifiable: 1 when the response's `#### N` answer equals the known `answer`, else 0; plus
-  `format_reward` when the response has a `#### N` line at all.
+- a verifier (`pipeline.evaluation.verifiers`: the built-in `gsm8k`, also named `verifiable`, or any
+  `module:function`): its score of the response against the known `answer`; plus `format_reward` when the
+  response has a `#### N` line at all.
 - model: the scalar output of a sequence classifier (TRL RewardTrainer checkpoint) on the chat
   prompt + response rendered through the chat template.
 
@@ -17,7 +18,8 @@ from typing import Any
 import torch
 
 from pipeline.config import ConfigError
-from pipeline.evaluation.gsm import extract_answer, is_correct
+from pipeline.evaluation import verifiers
+from pipeline.evaluation.gsm import extract_answer
 from pipeline.runfolder import earlier_stage_model
 from pipeline.train.models import load_model, load_tokenizer
 from pipeline.train.precision import inference_dtype
@@ -28,12 +30,6 @@ Chat = list[dict]
 def as_chat(prompt: Any) -> Chat:
     """A prompt as a chat: a plain string becomes one user turn."""
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-
-
-def verifiable(response: str, answer: str, format_reward: float = 0.0) -> float:
-    """1 for a correct `#### N` answer (else 0), plus `format_reward` when there is a `#### N` line."""
-    score = 1.0 if is_correct(response, str(answer)) else 0.0
-    return score + (format_reward if extract_answer(response) is not None else 0.0)
 
 
 def resolve_reward_model(name: str, stage_dir: Path) -> Path:
@@ -81,11 +77,14 @@ class RewardModel:
 
 
 def reward_function(stage: Any, stage_dir: Path, model_cfg: Any, device: Any = "cpu"):
-    """`fn(prompts, responses, answers) -> scores` for the stage's `reward` kind (a reward model loads with the
-    recipe's `model.*` settings)."""
-    if stage.reward == "verifiable":
+    """`fn(prompts, responses, answers) -> scores` for the stage's `reward`: a verifier (`verifiers.load`), or the
+    reward model (`model`, loaded with the recipe's `model.*` settings)."""
+    if stage.reward != "model":
+        verify = verifiers.load(stage.reward, "reward")
+
         def score(prompts: list[Chat], responses: list[str], answers: list[str]) -> list[float]:
-            return [verifiable(r, a, stage.format_reward) for r, a in zip(responses, answers, strict=True)]
+            return [s + (stage.format_reward if extract_answer(r) is not None else 0.0)
+                    for s, r in zip(verify(responses, answers), responses, strict=True)]
         return score
     model = RewardModel.load(resolve_reward_model(stage.reward_model, stage_dir), model_cfg, device)
 
@@ -95,12 +94,12 @@ def reward_function(stage: Any, stage_dir: Path, model_cfg: Any, device: Any = "
 
 
 def load_prompts(stage: Any, cfg: Any, kind: str) -> Any:
-    """The RL stage's mixture with its prompts as chats; refuses one without `prompt` (and `answer`, which the
-    verifiable reward checks against)."""
+    """The RL stage's mixture with its prompts as chats; refuses one without `prompt` (and `answer`, which a
+    verifier checks against)."""
     from pipeline.data.mixtures import load_mixture
 
     data = load_mixture(stage.mixture, cfg)
-    if "prompt" not in data.column_names or (stage.reward == "verifiable" and "answer" not in data.column_names):
+    if "prompt" not in data.column_names or (stage.reward != "model" and "answer" not in data.column_names):
         raise ConfigError(f"{kind} mixture '{stage.mixture}' needs `prompt` and `answer` columns; it has "
                           f"{sorted(data.column_names)}")
     return data.map(lambda r: {"prompt": as_chat(r["prompt"])})

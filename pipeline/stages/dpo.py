@@ -1,8 +1,8 @@
 """Preference optimisation (DPO, APO-zero, IPO, ... through TRL's DPOTrainer): one model per call.
 
 Pairs come from the stage's mixture and/or on-policy sampling (`on_policy`: k answers per prompt
-from the input checkpoint, a correct one chosen over an incorrect one). The reference model is the
-input checkpoint, frozen (with LoRA: the adapter-disabled base). The pairs, and with
+from the input checkpoint, a right one chosen over a wrong one, as `on_policy.reward` judges them). The reference
+model is the input checkpoint, frozen (with LoRA: the adapter-disabled base). The pairs, and with
 `precompute_ref_log_probs` the reference's log-probs on them, are prepared once in the stage's folder
 and shared by every sweep candidate (`pipeline.sweep` trains each one through `run`).
 """
@@ -25,7 +25,7 @@ log = logging.getLogger("pipeline")
 
 @dataclass
 class OnPolicyConfig:
-    """Preference pairs sampled from the stage's input model on prompts with known `#### N` answers."""
+    """Preference pairs sampled from the stage's input model on prompts with known answers, judged by a verifier."""
 
     enabled: bool = arg("sample on-policy pairs from the stage's input model", False)
     mixture: str = arg("rows with `prompt` (chat) and `answer`", "")
@@ -39,6 +39,9 @@ class OnPolicyConfig:
     reference_chosen: bool = arg("a prompt with no correct sample pairs its reference answer (the mixture's `answer`, "
                                  "chosen) with a wrong sample, as SPIN does: pairs from a model that rarely gets one "
                                  "right", False, added=True)
+    reward: str = arg("the verifier that tells a right sample (scored 1 or more) from a wrong one against `answer`: "
+                      "gsm8k (the `#### N` check) or module:function, fn(completions, answers) -> list[float] "
+                      "(docs/training.md)", "gsm8k", added=True)
 
 
 @dataclass
@@ -81,6 +84,10 @@ class Dpo(StageKind):
                               f"{len(stage.loss_type)} loss types")
         if stage.on_policy.enabled and (not stage.on_policy.mixture or stage.on_policy.samples < 2):
             raise ConfigError(f"'{name}.on_policy' needs a mixture of prompts with answers and samples >= 2")
+        if stage.on_policy.enabled:
+            from pipeline.evaluation import verifiers
+
+            verifiers.load(stage.on_policy.reward, f"{name}.on_policy.reward")  # imported and its signature read
 
     def vllm_keys(self, cfg: Any, name: str) -> list[str]:
         op = cfg[name].on_policy
@@ -116,7 +123,7 @@ def _on_policy(ctx: Any) -> Any:
                 rows = rows.select(range(min(op.max_prompts, len(rows))))
             pairs, stats = on_policy_pairs(ctx.input_model, ctx.cfg.model, list(rows["prompt"]), list(rows["answer"]),
                                            op.samples, op.max_new_tokens, op.temperature, op.batch_size, ctx.cfg.seed,
-                                           op.backend, op.reference_chosen)
+                                           op.backend, op.reference_chosen, op.reward)
             log.info("on-policy pairs: %d from %d prompts x %d samples (%.0f%% correct; %d prompts all correct, %d all "
                      "wrong; %d pairs chose the reference answer) in %s", stats["pairs"], stats["prompts"], op.samples,
                      100 * stats["correct_rate"], stats["all_correct"], stats["all_wrong"], stats["reference_pairs"],

@@ -74,7 +74,7 @@ def run(ctx: Any) -> dict:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return score(prompts, texts, answer if answer is not None else [""] * len(texts))
 
-    reward.__name__ = f"{stage.reward}_reward"
+    reward.__name__ = f"{stage.reward.rpartition(':')[2]}_reward"  # TRL logs rewards/<name>
     args = grpo_args(stage, ctx.work_dir, cfg.seed, cfg.model.precision, cfg)
     model = load_model(ctx.input_model, cfg.model)
     model.generation_config.pad_token_id = tok.pad_token_id

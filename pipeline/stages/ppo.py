@@ -3,9 +3,10 @@
 Policy = the input checkpoint (LoRA adapter on it when `lora.r > 0`); reference = a frozen copy (with
 LoRA: the adapter-disabled base); value model = a one-output sequence classifier initialised from the
 policy (`value_init: policy`) or from the reward model (`value_init: reward_model`). Prompts come
-from the mixture (a string prompt becomes one user turn); the reward is the verifiable `#### N` check
-against `answer` or a reward model. Where the base model ships held-out problems, the mean verifiable
-reward of greedy answers on them is measured before and after training (`heldout_reward_*`).
+from the mixture (a string prompt becomes one user turn); the reward is a verifier of the response against
+`answer` (the built-in `#### N` check, or a function by reference) or a reward model. Where the base model ships
+held-out problems, the mean `#### N` reward of greedy answers on them is measured before and after training
+(`heldout_reward_*`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ log = logging.getLogger("pipeline")
 class RlSettings(StageSettings):
     """What the RL stages (ppo, grpo) share: the reward and how responses are sampled."""
 
-    reward: str = arg("verifiable: the `#### N` answer checked against `answer`; model: a reward model", "verifiable")
+    reward: str = arg("a verifier of the response against the row's `answer`: verifiable or gsm8k (the built-in `#### "
+                      "N` check), or module:function, fn(completions, answers) -> list[float] "
+                      "(docs/training.md); model: a reward model", "verifiable")
     reward_model: str = arg("a checkpoint path, or the name of an earlier `reward` stage", "")
     format_reward: float = arg("added when the response has a `#### N` line at all", 0.0)
     max_new_tokens: int = arg("most tokens generated per response", 128)
@@ -58,12 +61,18 @@ class PpoSettings(RlSettings):
 
 
 class Rl(StageKind):
-    """What the RL kinds share: prompts (with answers for the verifiable reward), sampled by the stage itself."""
+    """What the RL kinds share: prompts (with answers for a verifier), sampled by the stage itself."""
 
     generates = True
 
     def columns(self, stage: Any) -> Columns:
-        return [("prompt", "answer")] if stage.reward == "verifiable" else [("prompt",)]
+        return [("prompt",)] if stage.reward == "model" else [("prompt", "answer")]
+
+    def check(self, cfg: Any, name: str) -> None:
+        if cfg[name].reward != "model":
+            from pipeline.evaluation import verifiers
+
+            verifiers.load(cfg[name].reward, f"{name}.reward")  # imported and its signature read, not called
 
 
 class Ppo(Rl):
@@ -73,6 +82,7 @@ class Ppo(Rl):
     defaults = {"learning_rate": 1e-6, "lr_scheduler_type": "constant", "max_steps": 100}  # noqa: RUF012
 
     def check(self, cfg: Any, name: str) -> None:
+        super().check(cfg, name)
         stage = cfg[name]
         if stage.backend == "vllm":
             raise ConfigError(f"'{name}.backend' is vllm: PPO's rollouts come from the policy being trained in this "
