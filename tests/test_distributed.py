@@ -95,5 +95,5 @@ def test_ppo_under_deepspeed_is_refused_before_any_work(tmp_path, cache_dir):
                    env={"ACCELERATE_USE_DEEPSPEED": "true"})
     assert proc.returncode == 2
     message = proc.stderr.strip().splitlines()[-1]
-    assert message.startswith("error: stage 'ppo' does not run under DeepSpeed") and "ddp.yaml" in message
+    assert message.startswith("error: stage 'ppo' does not run under DeepSpeed") and "--config_file ddp" in message
     assert not (tmp_path / "tiny").exists()
