@@ -31,7 +31,6 @@ from pipeline.settings import RUN_OWNED, EvalConfig, StageKind, StageSettings, a
 from pipeline.stages import kinds
 
 log = logging.getLogger("pipeline")
-ROOT = Path(__file__).resolve().parents[1]
 MIXTURES_DIR = RECIPES_DIR.with_name("data_mixtures")
 DEFAULT_RECIPE = "tiny"  # the embedded demo: runs anywhere in minutes
 

@@ -1,7 +1,7 @@
 """`smol-pipeline`: the pipeline under accelerate's own launcher, exiting with the pipeline's exit code.
 
     smol-pipeline [accelerate launch options] recipe=NAME [key=value ...]
-    smol-pipeline --config_file pipeline/recipes/accelerate/zero3.yaml --num_processes 8 recipe=smol
+    smol-pipeline --config_file zero3 --num_processes 8 recipe=smol
 
 `accelerate launch pipeline/run.py` turns every failure into exit 1 and a launcher traceback (its
 simple launcher raises `CalledProcessError`, torch elastic raises `ChildFailedError`). This command
@@ -12,6 +12,11 @@ from the first process that failed. Launch options come first; the first `key=va
 starts the recipe arguments. `--help` prints the pipeline's usage and the common launch options, `help=true
 [recipe=NAME ...]` the recipe's keys, both without launching; a config that does not load (exit 2) stops here
 too, before the launcher's own messages.
+
+`--config_file NAME` names a shipped accelerate config (`pipeline/recipes/accelerate/NAME.yaml`, e.g. zero3)
+wherever the package is installed; a path works as with `accelerate launch`. A DeepSpeed JSON that a config names
+by a path relative to the config's own folder (the shipped ones do) goes to accelerate as `--deepspeed_config_file`
+with its absolute path, unless given, so a launch works from any directory.
 
 SIGTERM and SIGUSR1 sent to this launcher are passed on to the pipeline processes (which save a
 checkpoint and exit 75), and the launcher waits for them: torch elastic is told to leave SIGTERM and SIGINT
@@ -30,9 +35,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.errors import NAMES
+from pipeline.errors import NAMES, ConfigError
 
 RUN_SCRIPT = Path(__file__).resolve().with_name("run.py")
+ACCELERATE_CONFIGS = RUN_SCRIPT.with_name("recipes") / "accelerate"
 RECIPE_ARG = re.compile(r"^[A-Za-z_][\w.\-]*=")
 USAGE = "smol-pipeline [accelerate launch options] [--] recipe=NAME [key=value ...]"
 # the launcher options `--help` shows (accelerate's own help text); `accelerate launch --help` lists them all
@@ -48,6 +54,41 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
         if RECIPE_ARG.match(arg):
             return argv[:i], argv[i:]
     return argv, []
+
+
+def shipped_configs() -> list[str]:
+    """Names of the accelerate configs the package ships (`pipeline/recipes/accelerate/NAME.yaml`)."""
+    return sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml"))
+
+
+def config_path(name: str) -> Path:
+    """The accelerate config file `--config_file` names: a file, else a shipped config's name (`zero3`)."""
+    if Path(name).is_file():
+        return Path(name)
+    if name in shipped_configs():
+        return ACCELERATE_CONFIGS / f"{name}.yaml"
+    raise ConfigError(f"--config_file '{name}' is neither a file nor a shipped accelerate config "
+                      f"({', '.join(shipped_configs())})")
+
+
+def config_options(name: str, deepspeed_file: str | None) -> list[str]:
+    """Launch options that make accelerate config `name` work from any directory: `--config_file` with its path,
+    and `--deepspeed_config_file` with the absolute path of the DeepSpeed JSON the config names relative to its own
+    folder (unless `deepspeed_file` was given); a JSON not found there is left to accelerate, which reads it from
+    the working directory."""
+    import yaml
+
+    path = config_path(name)
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"--config_file {path} does not read as an accelerate config: {err}") from err
+    deepspeed = config.get("deepspeed_config") if isinstance(config, dict) else None
+    named = deepspeed.get("deepspeed_config_file") if isinstance(deepspeed, dict) else None
+    beside = path.parent / str(named)
+    if deepspeed_file is None and named and beside.is_file():
+        return ["--config_file", str(path), "--deepspeed_config_file", str(beside.resolve())]
+    return ["--config_file", str(path)]
 
 
 def shell_code(returncode: int) -> int:
@@ -100,7 +141,9 @@ def log_hint(recipe: list[str]) -> str:
 def launcher_help(parser: object) -> str:
     """The common launcher options of accelerate's `parser`, one line each, and where the rest are."""
     actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
-    lines = [f"  {name:<21} {(actions[name].help or '').split('. ')[0].rstrip('.')}" for name in COMMON_OPTIONS]
+    text = {name: (actions[name].help or "").split(". ")[0].rstrip(".") for name in COMMON_OPTIONS}
+    text["--config_file"] += f", or a shipped config's name: {', '.join(shipped_configs())}"
+    lines = [f"  {name:<21} {text[name]}" for name in COMMON_OPTIONS]
     return "\n".join(["Launcher options (accelerate launch; all of them: accelerate launch --help):", *lines])
 
 
@@ -125,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         return bad
     parser.prog, parser.usage = "smol-pipeline", USAGE
     args = parser.parse_args([*options, str(RUN_SCRIPT), *recipe])
+    if args.config_file:
+        try:
+            options = [*options, *config_options(args.config_file, args.deepspeed_config_file)]
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return err.code
+        args = parser.parse_args([*options, str(RUN_SCRIPT), *recipe])  # the later --config_file wins
     args.quiet = False  # --quiet makes the launchers exit 1 instead of raising the child's code
     forward_signals()
     accelerate_launch.simple_launcher = one_process

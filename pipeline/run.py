@@ -73,7 +73,7 @@ Examples:
   smol-pipeline recipe={default} stages=[sft] sft.max_steps=50
   smol-pipeline help=true recipe=smollm2                 the recipe's settings
   smol-pipeline recipe=smol plan=true                    tokens and GPU hours, before a cluster run
-  smol-pipeline --config_file pipeline/recipes/accelerate/zero3.yaml --num_processes 8 recipe=smol"""
+  smol-pipeline --config_file zero3 --num_processes 8 recipe=smol    a shipped accelerate config, by name"""
 
 
 def usage() -> str:

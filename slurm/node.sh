@@ -6,7 +6,8 @@
 #   MAIN_PROCESS_IP, MAIN_PROCESS_PORT  the rendezvous address on the first node (launch.sh sets both)
 #   NPROC_PER_NODE     processes per node (default: the node's GPUs; 1 on a node without GPUs: the pipeline
 #                      then runs on CPU processes over gloo by itself)
-#   ACCELERATE_CONFIG  an accelerate config file, e.g. pipeline/recipes/accelerate/zero3.yaml (default: plain DDP)
+#   ACCELERATE_CONFIG  a shipped accelerate config's name (zero3, ...: smol-pipeline --help lists them) or a config
+#                      file's path (default: plain DDP)
 set -euo pipefail
 trap '' USR1 TERM  # until the launcher takes them over: preemption signals are for the pipeline processes
 nodes=${SLURM_NNODES:-1}

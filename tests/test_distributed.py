@@ -1,5 +1,6 @@
-"""Several processes: the chain (SFT, mid-training, DPO) in ONE `accelerate launch --num_processes 2` on CPU
-under each config of pipeline/recipes/accelerate/ (DDP, ZeRO-2, ZeRO-3, ZeRO-3 with CPU offload).
+"""Several processes: the chain (SFT, mid-training, DPO) in ONE `smol-pipeline --config_file NAME --num_processes 2`
+(accelerate's launcher) on CPU under each config of pipeline/recipes/accelerate/ (DDP, ZeRO-2, ZeRO-3, ZeRO-3 with CPU
+offload), named as a user names a shipped config, from a folder outside the checkout.
 
 Like TRL's invariant tests: 2 processes x micro-batch b must give the loss curve of 1 process x micro-batch b
 x 2 gradient-accumulation steps (the same samples per optimizer step), within LOSS_TOL per logged step; every
@@ -13,11 +14,13 @@ Measured on 2 CPU cores: DDP equal to the reference to the last bit, ZeRO-2/3 wi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, ROOT, run_cli
+from conftest import FAST, run_cli
 from transformers import AutoModelForCausalLM
 
 from pipeline.runfolder import StageRecord
@@ -59,10 +62,9 @@ def one_process(tmp_path_factory, cache_dir) -> Path:
     ("zero3_offload", "DEEPSPEED", 3)])
 def test_chain_on_two_processes_matches_one_process_with_accumulation(config, distributed_type, zero_stage,
                                                                       one_process, tmp_path, cache_dir):
-    launcher = ["accelerate", "launch", "--config_file", str(ROOT / "pipeline/recipes/accelerate" / f"{config}.yaml"),
-                "--num_processes", "2"]
-    proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *CHAIN, *_accumulation(1),
-                   launcher=launcher)
+    launcher = [str(Path(sys.executable).with_name("smol-pipeline")), "--config_file", config, "--num_processes", "2"]
+    proc = subprocess.run([*launcher, "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *CHAIN,
+                           *_accumulation(1)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "tiny"
     for stage in STAGES:
@@ -93,5 +95,5 @@ def test_ppo_under_deepspeed_is_refused_before_any_work(tmp_path, cache_dir):
                    env={"ACCELERATE_USE_DEEPSPEED": "true"})
     assert proc.returncode == 2
     message = proc.stderr.strip().splitlines()[-1]
-    assert message.startswith("error: stage 'ppo' does not run under DeepSpeed") and "ddp.yaml" in message
+    assert message.startswith("error: stage 'ppo' does not run under DeepSpeed") and "--config_file ddp" in message
     assert not (tmp_path / "tiny").exists()

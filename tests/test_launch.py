@@ -60,6 +60,31 @@ def test_a_bad_key_exits_2_with_one_line(smol, launch):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_shipped_accelerate_config_by_name_names_its_deepspeed_json_from_any_folder(tmp_path, monkeypatch):
+    from pipeline import launch
+
+    monkeypatch.chdir(tmp_path)
+    shipped = ROOT / "pipeline/recipes/accelerate"
+    assert launch.config_options("zero3", None) == ["--config_file", str(shipped / "zero3.yaml"),
+                                                    "--deepspeed_config_file", str(shipped / "zero3.json")]
+    assert launch.config_options("cpu", None) == ["--config_file", str(shipped / "cpu.yaml")]  # no DeepSpeed
+    assert launch.config_options("zero2", "mine.json") == ["--config_file", str(shipped / "zero2.yaml")]  # given
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf/ds.yaml").write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: "
+                                           "ds.json\n")
+    (tmp_path / "conf/ds.json").write_text("{}")
+    assert launch.config_options("conf/ds.yaml", None) == ["--config_file", "conf/ds.yaml",
+                                                           "--deepspeed_config_file", str(tmp_path / "conf/ds.json")]
+
+
+def test_an_unknown_accelerate_config_exits_2_with_one_line(capsys):
+    from pipeline import launch
+
+    assert launch.main(["--config_file", "zero4", "recipe=tiny"]) == 2
+    assert capsys.readouterr().err == ("error: --config_file 'zero4' is neither a file nor a shipped accelerate config "
+                                       "(cpu, ddp, zero2, zero3, zero3_offload)\n")
+
+
 def test_accelerate_launch_reports_a_bad_key_as_1():
     proc = run_cli("recipe=tiny", "sft.learnin_rate=3e-4", launcher=["accelerate", "launch"], timeout=300)
     assert proc.returncode == 1 and "CalledProcessError" in proc.stderr  # why smol-pipeline exists

@@ -32,12 +32,12 @@ def slurm(tmp_path_factory) -> Iterator[dict]:
 @pytest.mark.slow
 def test_pipeline_sbatch_runs_the_tiny_recipe_on_two_processes(slurm, tiny_base, tmp_path, cache_dir):
     t0 = time.time()
-    env = {**slurm, "NPROC_PER_NODE": "2", "ACCELERATE_CONFIG": "pipeline/recipes/accelerate/cpu.yaml"}
+    env = {**slurm, "NPROC_PER_NODE": "2", "ACCELERATE_CONFIG": "cpu"}  # a shipped config's name
     proc = sk.run(env, "timeout", "900", "sbatch", "--wait", *sk.resources(tmp_path), "slurm/pipeline.sbatch",
                   "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, timeout=960)
     logs = sk.logs(tmp_path)
     assert proc.returncode == 0, proc.stderr + logs[-4000:]
-    assert "slurm: node 0 of 1: 2 process(es), 0 GPU(s), config pipeline/recipes/accelerate/cpu.yaml: smol-pipeline " \
+    assert "slurm: node 0 of 1: 2 process(es), 0 GPU(s), config cpu: smol-pipeline " \
            "--num_machines 1 --machine_rank 0 --num_processes 2 --main_process_ip " in logs
     run = tmp_path / "tiny"
     for name in ("01-sft", "02-midtrain"):

@@ -11,22 +11,34 @@ import time
 from pathlib import Path
 
 from pipeline import redact
-from pipeline.config import ROOT
 
+PACKAGE = Path(__file__).resolve().parents[1]  # the `pipeline` folder: a checkout's, or an installed package's
 PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "deepspeed", "lm_eval", "omegaconf")
 
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10,
+        return subprocess.run(["git", "-C", str(PACKAGE.parent), *args], capture_output=True, text=True, timeout=10,
                               check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
 
+def _version() -> str | None:
+    try:
+        return importlib.metadata.version("smol-pipeline")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def code_version() -> dict:
-    """The git commit of the pipeline code and whether the work tree had uncommitted changes."""
-    return {"git_commit": _git("rev-parse", "HEAD") or None, "git_dirty": bool(_git("status", "--porcelain"))}
+    """The code that runs: the package's version and folder, and where that folder is a git checkout's (the top of
+    its work tree, not an installed package, even one inside another repository) the commit and whether the work
+    tree had uncommitted changes; both None elsewhere."""
+    checkout = _git("rev-parse", "--show-toplevel") == str(PACKAGE.parent)
+    return {"version": _version(), "path": str(PACKAGE),
+            "git_commit": _git("rev-parse", "HEAD") or None if checkout else None,
+            "git_dirty": bool(_git("status", "--porcelain")) if checkout else None}
 
 
 def package_versions() -> dict:

@@ -83,7 +83,7 @@ def kinds_run_here(cfg: DictConfig) -> None:
     for name in [n for n in _enabled(cfg) if kind_of(cfg, n).no_deepspeed] if deepspeed_on() else []:
         raise ConfigError(f"stage '{name}' does not run under DeepSpeed ({kind_of(cfg, name).no_deepspeed}): run the "
                           f"chain with {name}.enabled=false here, then the same command under "
-                          "pipeline/recipes/accelerate/ddp.yaml (or cpu.yaml), which reuses the finished stages")
+                          "--config_file ddp (or cpu), which reuses the finished stages")
 
 
 def trl_values(cfg: DictConfig) -> None:

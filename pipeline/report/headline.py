@@ -94,9 +94,11 @@ def build(run: Path) -> Headline:
 
 
 def title(h: Headline) -> str:
-    """`demo: recipe demo, 2026-12-04, code d60ef77, final model runs/demo/stages/03-dpo/model`."""
+    """`demo: recipe demo, 2026-12-04, code d60ef77, final model runs/demo/stages/03-dpo/model` (code: the git commit,
+    else the installed package's version)."""
     code = h.manifest.get("code") or {}
-    commit = (code.get("git_commit") or "unknown")[:7] + (" (uncommitted changes)" if code.get("git_dirty") else "")
+    version = code["git_commit"][:7] if code.get("git_commit") else f"smol-pipeline {code.get('version') or '?'}"
+    commit = version + (" (uncommitted changes)" if code.get("git_dirty") else "")
     final = next((r["model"] for r in reversed(h.rows) if r["checkpoint"] != BASE and r["model"]), None)
     return (f"{h.run.name}: recipe {h.manifest.get('recipe', '?')}, {(h.manifest.get('created') or '?')[:10]}, "
             f"code {commit}, final model {final or '(none trained)'}")
