@@ -144,3 +144,17 @@ def test_a_redo_is_carried_out_once_and_makes_later_stages_stale_before_it_is_sc
     assert code == 0 and [name for name, _ in again.trained] == ["midtrain"]
     code, _, after = chain({"sft": 0.5, "midtrain": 0.75})
     assert code == 0 and after.trained == [] and "redone" not in _record(run, "01-sft")
+
+
+def test_a_gate_that_cannot_see_warns_and_under_strict_gates_stops_with_exit_2(chain):
+    # the base gets 0 of 40 right: sft's gate sits at the floor; midtrain's max_drop 0.01 is below its sight
+    code, run, _ = chain({"sft": 0.5, "midtrain": 0.5}, "midtrain.gate.max_drop=0.01")
+    assert code == 0
+    sft, mid = _record(run, "01-sft")["gate"]["sight"], _record(run, "02-midtrain")["gate"]["sight"]
+    assert "sits at its floor" in sft["blind"] and sft["n"] == N and sft["rate"] == 0.0
+    assert mid["blind"].startswith("max_drop 0.010 is below") and mid["rate"] == 0.5
+    assert "the gate of stage midtrain cannot see what it judges" in (run / "pipeline.log").read_text()
+    assert "the gate of midtrain cannot see what it judges" in (run / "leaderboard.md").read_text()
+    code, _, fake = chain({"sft": 0.5, "midtrain": 0.5}, "midtrain.gate.max_drop=0.01", "strict_gates=true",
+                          f"output_root={run.parent.parent / 'strict'}")
+    assert code == 2 and [name for name, _ in fake.trained] == ["sft"]

@@ -22,7 +22,8 @@ from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
 from pipeline.config import kind_of, stage_section, sweeps, swept_candidate
 from pipeline.data import prep
-from pipeline.evaluation import gates, scorecache, stats
+from pipeline.errors import ConfigError
+from pipeline.evaluation import gates, power, scorecache, stats
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, remove_leftovers, temp_name, write_text
 from pipeline.report import headline, hub, leaderboard, modelcard
@@ -178,7 +179,13 @@ class Run:
                     previous, scores = (previous[0], before[0]), {**scores, metric: now[0]}
             paired = stats.paired_difference(eval_dir(d.dir.parent / previous[0]), eval_dir(d.dir),
                                              metric, half) if previous else None
-            verdict = gates.judge(self.cfg[d.name].gate, scores, previous, paired)
+            task, _, key = metric.partition("/")
+            higher = (record.eval.get("higher_is_better") or {}).get(task, {}).get(key.partition(",")[0], True)
+            sight = power.sight(self.cfg[d.name].gate, stats.per_problem(eval_dir(d.dir.parent / previous[0]),
+                                                                         metric, half)) if previous else None
+            if sight and sight["blind"]:
+                self.blind(d.name, metric, sight)
+            verdict = gates.judge(self.cfg[d.name].gate, scores, previous, paired, higher, sight)
             if verdict and half:
                 verdict["problems"] = "gate half (odd doc_ids; the sweep picked on the even ones)"
                 verdict["reason"] += f"; judged on the {verdict['problems']}"
@@ -191,6 +198,14 @@ class Run:
                 modelcard.write(self.cfg, self.root, d.dir)
         self.export()
         return verdict
+
+    def blind(self, name: str, metric: str, sight: dict) -> None:
+        """A gate that cannot see what it judges: a warning, or under `strict_gates` exit 2 (`power.blind`)."""
+        text = f"the gate of stage {name} cannot see what it judges on {metric}: {sight['blind']}; it {sight['text']}"
+        if self.cfg.strict_gates:
+            raise ConfigError(f"{text} (strict_gates=true): judge more problems, a continuous metric or a larger "
+                              "max_drop")
+        log.warning("%s: its verdict is noise; judge more problems, a continuous metric or a larger max_drop", text)
 
     def export(self) -> None:
         """Rewrite the run's leaderboard files (main process)."""

@@ -38,9 +38,12 @@ def _change(value: float, previous: tuple[str, float], paired: dict | None) -> s
 
 
 def _test(test: str, value: float, previous: tuple[str, float], max_drop: float | None,
-          paired: dict | None) -> tuple[bool, str]:
-    """(failed, one-sentence reason) of the gate's `test` on the change from `previous` to `value`."""
+          paired: dict | None, higher: bool = True) -> tuple[bool, str]:
+    """(failed, one-sentence reason) of the gate's `test` on the change from `previous` to `value`; for a metric
+    that is better `higher=False` (bits per byte), the change is judged turned round: a rise is the drop."""
     low, high = (paired["bound_low"], paired["bound_high"]) if paired else (value - previous[1],) * 2
+    if not higher:
+        low, high = -high, -low
     bound = "point change" if paired is None else "one-sided 95% {} bound"
     if test == "no_significant_drop":
         failed = high < -max_drop
@@ -57,31 +60,36 @@ def _test(test: str, value: float, previous: tuple[str, float], max_drop: float 
         failed = low <= 0
         why = f"{bound.format('lower')} {low:+.3f} {'<=' if failed else '>'} 0"
         verdict = "no significant gain" if failed else "a significant gain"
-    return failed, f"{_change(value, previous, paired)}: {verdict} ({why})"
+    turned = "" if higher else ", lower is better: the change turned round"
+    return failed, f"{_change(value, previous, paired)}: {verdict} ({why}{turned})"
 
 
-def judge(gate: Any, metrics: dict, previous: tuple[str, float] | None, paired: dict | None = None) -> dict | None:
+def judge(gate: Any, metrics: dict, previous: tuple[str, float] | None, paired: dict | None = None,
+          higher: bool = True, sight: dict | None = None) -> dict | None:
     """The verdict of `gate` on a stage's eval `metrics`; None when the stage has no gate.
 
     `previous` is (checkpoint, value) of the checkpoint to compare with; `paired` its
-    `stats.paired_difference(previous, this stage)` on the gate metric, or None when not known.
+    `stats.paired_difference(previous, this stage)` on the gate metric, or None when not known; `higher`: whether
+    the metric is better higher (lm-eval's `higher_is_better`); `sight`: what the gate can see (`power.sight`),
+    recorded with the verdict.
     """
     if not gate.metric:
         return None
     value = metrics[gate.metric]
     test = gate.test
     reasons, notes = [], []
-    if gate.min is not None and value < gate.min:
-        reasons.append(f"{value:.4f} < min {gate.min:.4f}")
+    if gate.min is not None and (value < gate.min if higher else value > gate.min):
+        reasons.append(f"{value:.4f} < min {gate.min:.4f}" if higher else
+                       f"{value:.4f} > min {gate.min:.4f} (lower is better: the bound is a ceiling)")
     compares = gate.max_drop is not None or test not in NEEDS_MAX_DROP
     if compares and previous is not None:
-        failed, text = _test(test, value, previous, gate.max_drop, paired)
+        failed, text = _test(test, value, previous, gate.max_drop, paired, higher)
         (reasons if failed else notes).append(text)
     passed = not reasons
     return {
         "metric": gate.metric, "value": value, "min": gate.min, "max_drop": gate.max_drop, "test": test,
         "previous": {"checkpoint": previous[0], "value": previous[1]} if previous else None,
-        "paired": paired, "action": gate.action, "passed": passed,
+        "paired": paired, "higher_is_better": higher, "sight": sight, "action": gate.action, "passed": passed,
         "verdict": "pass" if passed else ("fail" if gate.action == "stop" else "warn"),
         "reason": "; ".join(reasons) or "; ".join(["passed", *notes]),
     }

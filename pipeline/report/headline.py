@@ -18,8 +18,8 @@ from pathlib import Path
 from pipeline.evaluation import stats
 from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, recall, stage_folders
 
-COLUMNS = ("checkpoint", "validation", "test", "\u0394 test [95% CI], p (test, problems gained / lost, n)", "gate",
-           "train time")
+COLUMNS = ("checkpoint", "validation", "test", "\u0394 test [95% CI], p (test, problems gained / lost, n)",
+           "gate (the smallest change it detects)", "train time")
 SWEEP_COLUMNS = ("selection half", "\u0394 vs input on it [95% CI], p",  # after the candidate and its settings
                  "told apart from the selected on it?")
 
@@ -55,7 +55,8 @@ def stage_row(folder: Path, record: StageRecord, validation: str | None, test: s
     the last stage before it scored on test, named in `vs`), gate verdict and training time."""
     row = {"checkpoint": folder.name, "stage": record.stage, "selected": record.selected,
            "model": record.output_model, "validation": record.scores().get(validation),
-           "test": record.scores().get(test), "gate": (record.gate or {}).get("verdict"), "train_s": record.wall_time_s}
+           "test": record.scores().get(test), "gate": (record.gate or {}).get("verdict"),
+           "sight": (record.gate or {}).get("sight"), "train_s": record.wall_time_s}
     source = earlier = input_stage(folder) if folder.name != BASE and row["test"] is not None else None
     while earlier is not None and test not in StageRecord.read(earlier).scores():
         earlier = input_stage(earlier) if earlier.name != BASE else None  # its input was not scored on test
@@ -118,12 +119,22 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def _gate(row: dict) -> str:
+    """The gate's verdict and the smallest change it detects: `pass (sees \u00b10.033)`, `warn (sees \u00b10.041;
+    blind)`."""
+    sight = row.get("sight")
+    if not row.get("gate") or not sight:
+        return row.get("gate") or ""
+    seen = f"sees \u00b1{sight['detectable']:.3f}" if sight["detectable"] != float("inf") else "sees nothing"
+    return f"{row['gate']} ({seen}{'; blind' if sight['blind'] else ''})"
+
+
 def cells(row: dict) -> list[str]:
     """A stage row as the text of the `COLUMNS`."""
     name = row["checkpoint"] + (f" ({row['selected']})" if row.get("selected") else "")
     versus = f" vs {row['vs']}" if row.get("vs") else ""
     return [name, _num(row["validation"]), _num(row["test"]), _change(row.get("vs_input")) + versus,
-            row.get("gate") or "", _duration(row.get("train_s"))]
+            _gate(row), _duration(row.get("train_s"))]
 
 
 def sentence(row: dict) -> str | None:
@@ -167,6 +178,8 @@ def markdown(h: Headline) -> str:
              "problems (to the last checkpoint before it scored on test when its input was not).", "",
              *_table(COLUMNS, [cells(r) for r in h.rows]), ""]
     lines += [f"- {s}" for s in map(sentence, h.rows) if s]
+    lines += [f"- the gate of {r['stage']} cannot see what it judges: {r['sight']['blind']}; it "
+              f"{r['sight']['text']}" for r in h.rows if (r.get("sight") or {}).get("blind")]
     for stage, sweep in h.sweeps.items():
         lines += ["", f"### {stage}: sweep (selected on the selection half of validation; the gate judges the other "
                   "half)", "", *_table(*sweep_table(sweep))]
