@@ -428,8 +428,6 @@ def validate(cfg: DictConfig) -> None:
                 raise ConfigError(f"'{section}.{key}' is '{value}'; choose one of {', '.join(allowed)}")
     for name in stages:
         gate = cfg[name].gate
-        if gate.tie_break and not gate.metric:
-            raise ConfigError(f"'{name}.gate.tie_break' breaks ties on '{name}.gate.metric': set that metric too")
         if gate.metric and gate.test == "non_inferior" and gate.max_drop is None:
             raise ConfigError(f"'{name}.gate.test' is {gate.test}: set '{name}.gate.max_drop' (the allowed drop)")
         if cfg[name].candidate is not None and (name not in cfg.stages or not cfg[name].enabled):

@@ -117,6 +117,13 @@ def test_gates_on_any_tasks_metric_and_only_those(root):
     assert str(err.value) == ("'sft.gate.metric' is 'sums_mc/exact_match,none', which the stage's eval does not "
                               "produce; did you mean 'sums_mc/acc,none'? (eval tasks ['sums_mc'] produce: "
                               "sums_mc/acc,none, sums_mc/acc_norm,none)")
+    # a sweep's tie-break metric: its task is scored with the candidates whether eval.tasks lists it or not
+    cfg, tasks = _config(root, "stages=[dpo]", "eval.tasks=[tiny_gsm_val]")
+    gate_metrics(cfg, tasks)  # the recipe's tie-break, tiny_gsm_val_bpb/bits_per_byte,none
+    cfg, tasks = _config(root, "stages=[dpo]", "dpo.gate.tie_break=tiny_gsm_val_bpb/acc,none")
+    with pytest.raises(ConfigError, match="'dpo.gate.tie_break' is 'tiny_gsm_val_bpb/acc,none', which the stage's "
+                                          "eval does not produce; did you mean 'tiny_gsm_val_bpb/bits_per_byte,none'"):
+        gate_metrics(cfg, tasks)
 
 
 def test_a_multiple_choice_task_scores_through_both_hf_paths_and_pairs_per_problem(root, tmp_path, tiny_base):

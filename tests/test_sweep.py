@@ -21,6 +21,7 @@ from pipeline.runfolder import StageContext, StageRecord, candidate_dir
 
 METRIC = "gsm8k_local_val/exact_match,flexible-extract"  # the smol recipe's dpo gate metric
 GRID = ["dpo.sweep.beta=[0.2,0.1]", "dpo.sweep.learning_rate=[2e-6,1e-6]", "dpo.soup.top_k=0", "dpo.merge.stage="]
+SMOL_TIE = "gsm8k_local_val_bpb/bits_per_byte,none"
 TIE = "gsm8k_local_val/bpb,none"  # a second metric of the same task, for tie-breaking
 IDS = ["beta0.1-lr1e-06", "beta0.1-lr2e-06", "beta0.2-lr1e-06", "beta0.2-lr2e-06"]
 
@@ -110,7 +111,9 @@ def test_every_candidate_is_trained_with_its_settings_scored_and_the_best_select
         assert record.metrics["beta"] == cand["beta"] and record.metrics["learning_rate"] == cand["learning_rate"]
     m = trained.metrics
     assert m["selected"] == "beta0.1-lr2e-06" and m["selected_by"] == METRIC
-    assert m["tie_rule"] == sweep.tie_rule(METRIC, "") == f"best {METRIC}; ties go to {sweep.EARLIER}"
+    assert m["tie_rule"] == sweep.tie_rule(METRIC, SMOL_TIE) == f"best {METRIC}; ties broken by {SMOL_TIE}, then to " \
+        f"{sweep.EARLIER}"
+    assert sweep.tie_rule(METRIC, "") == f"best {METRIC}; ties go to {sweep.EARLIER}"
     assert [(row["candidate"], row[METRIC]) for row in m["candidates"]] == [(IDS[0], -81), (IDS[1], -1),
                                                                           (IDS[2], -4), (IDS[3], -36)]
     assert m["loss_last"] == 9 and trained.eval == {"metrics": {METRIC: -1}}  # the selected candidate's
@@ -132,9 +135,7 @@ def test_a_tie_is_broken_by_the_second_metric_in_its_direction(tmp_path):
     higher = _run(ctx, Fakes(_weights(1, 8, 12, 8), lower_is_better=False)).metrics
     assert higher["selected"] == "beta0.2-lr1e-06"
     assert sweep.selection_settings({"tasks": ["a", "b", "c"]}, "a/acc,none", "b/bpb,none") == {"tasks": ["a", "b"]}
-    with pytest.raises(ConfigError, match="'dpo.gate.tie_break' breaks ties on 'dpo.gate.metric'"):
-        _ctx(tmp_path, f"dpo.gate.tie_break={TIE}", "dpo.gate.metric=", "dpo.sweep.beta=null",
-             "dpo.sweep.learning_rate=null")
+    assert sweep.selection_settings({"tasks": ["a"]}, "a/acc,none", "d/bpb,none") == {"tasks": ["a", "d"]}
 
 
 def test_a_candidate_without_the_metric_ranks_last(tmp_path):
@@ -224,7 +225,7 @@ def test_a_soup_tied_with_the_best_candidate_loses_to_it(tmp_path):
     trained = _run(_ctx(tmp_path, "dpo.soup.top_k=2"), Fakes(_weights(10, 1, 10, 4)))  # soup of two 10s: 10 too
     assert trained.metrics["selected"] == IDS[0]
     assert trained.metrics["candidates"][-1] == {"candidate": "soup", METRIC: 0, "selection_half": 0, "vs_input": None,
-                                                 "vs_selected": None}
+                                                 "vs_selected": None, SMOL_TIE: None}  # the smol recipe's tie-break
 
 
 def test_the_merge_mixes_the_soup_with_the_earlier_stage(tmp_path):

@@ -264,6 +264,9 @@ def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
     for name in [n for n in _enabled(cfg) if cfg[n].gate.metric]:
         ev, gate = evaluate.settings(cfg, name), cfg[name].gate
         produced = evaluate.expected_metrics(ev, tasks_dir)
+        tie = gate.tie_break.partition("/")[0]  # candidates are scored on the tie-break's task too (sweep)
+        if tie and tie not in ev["tasks"]:
+            produced |= evaluate.expected_metrics({**ev, "tasks": [tie]}, tasks_dir)
         for key, metric in (("metric", gate.metric), ("tie_break", gate.tie_break)):
             if metric and metric not in produced:
                 listed = sorted(produced)[:12] + ([f"{len(produced) - 12} more"] if len(produced) > 12 else [])

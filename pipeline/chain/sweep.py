@@ -55,11 +55,12 @@ Evaluate = Callable[[Path, Path], dict]  # (model dir, output dir) -> eval resul
 
 
 def selection_settings(ev: dict, metric: str, tie_break: str = "") -> dict:
-    """The eval settings candidates are scored with: only the tasks of the gate `metric` and of the `tie_break`
-    metric, when they are among `ev`'s tasks (the held-out test split is for the report: only the selected model
-    is scored on it), else `ev`."""
-    tasks = [t for t in ev["tasks"] if t in {m.partition("/")[0] for m in (metric, tie_break) if m}]
-    return {**ev, "tasks": tasks} if metric and metric.partition("/")[0] in tasks else ev
+    """The eval settings candidates are scored with: only the task of the gate `metric`, when it is one of `ev`'s
+    tasks (the held-out test split is for the report: only the selected model is scored on it), else `ev`; plus
+    the task of the `tie_break` metric, whether `ev` lists it or not."""
+    tasks = [metric.partition("/")[0]] if metric and metric.partition("/")[0] in ev["tasks"] else list(ev["tasks"])
+    tie = tie_break.partition("/")[0] if metric and tie_break else ""
+    return {**ev, "tasks": tasks + ([tie] if tie and tie not in tasks else [])}
 
 
 def tie_rule(metric: str, tie_break: str) -> str:
