@@ -13,6 +13,7 @@ An extension module may define:
     base_settings(cfg) -> dict               what that built model depends on (part of the base fingerprint)
     architecture(cfg) -> (Path, dict)        where it is or will be, and its shape, without building it
     heldout_problems(cfg) -> list[dict]      held-out {question, answer} problems RL stages report on
+    task_sizes(cfg) -> dict[str, int]        how many problems each of its tasks scores (gates' power before a run)
 """
 
 from __future__ import annotations
@@ -74,3 +75,9 @@ def heldout_problems(cfg: Any) -> list[dict]:
     """The held-out problems the run's extension ships (empty without one)."""
     ext = of(cfg)
     return ext.heldout_problems(cfg) if ext is not None and hasattr(ext, "heldout_problems") else []
+
+
+def task_sizes(cfg: Any) -> dict[str, int]:
+    """How many problems each of the run's extension's tasks scores (empty without one)."""
+    ext = of(cfg)
+    return ext.task_sizes(cfg) if ext is not None and hasattr(ext, "task_sizes") else {}

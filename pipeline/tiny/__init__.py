@@ -43,6 +43,12 @@ def write_tasks(cfg: Any, out: Path) -> None:
         write_text(out / template.name, string.Template(template.read_text(encoding="utf-8")).substitute(values))
 
 
+def task_sizes(cfg: Any) -> dict[str, int]:
+    """How many problems tiny_gsm(_bpb) and tiny_gsm_val(_bpb) score."""
+    test, validation = cfg.tiny.test_examples, cfg.tiny.validation_examples
+    return {"tiny_gsm": test, "tiny_gsm_bpb": test, "tiny_gsm_val": validation, "tiny_gsm_val_bpb": validation}
+
+
 def base_settings(cfg: Any) -> dict:
     """What the built base model depends on: every `tiny` setting (part of the base fingerprint)."""
     return fingerprint_view(_settings(cfg), TinyConfig)
