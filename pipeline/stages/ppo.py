@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError
-from pipeline.settings import Columns, StageKind, StageSettings, arg
+from pipeline.settings import StageKind, StageSettings, arg
 
 if TYPE_CHECKING:
     from pipeline.rl.actor_critic import PPOLoop, ValueModel
@@ -62,8 +62,8 @@ class Rl(StageKind):
 
     generates = True
 
-    def columns(self, stage: Any) -> Columns:
-        return [("prompt", "answer")] if stage.reward == "verifiable" else [("prompt",)]
+    def formats(self, stage: Any) -> list[str]:
+        return ["prompt with answer"] if stage.reward == "verifiable" else ["prompt-only"]
 
 
 class Ppo(Rl):
