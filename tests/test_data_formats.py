@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +117,7 @@ def test_a_data_value_is_a_hub_id_or_a_local_path():
     (["sft.sweep={data: [a/b, c/d]}", "sft.gate.metric=x"], "'sft.sweep.data': sweep a training setting"),
 ])
 def test_data_with_mixture_or_neither_is_refused_when_the_config_loads(overrides, expected):
-    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
         load_config(["recipe=tiny", *overrides])
 
 
