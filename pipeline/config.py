@@ -25,6 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from pipeline import extension as extensions
 from pipeline import recipe_files, redact
+from pipeline.data import sources
 from pipeline.errors import ConfigError  # noqa: F401 - where the modules that load a config find it
 from pipeline.recipe_files import RECIPES_DIR, available_recipes, yaml_problem  # noqa: F401 - found here too
 from pipeline.settings import RUN_OWNED, EvalConfig, StageKind, StageSettings, arg, declared
@@ -314,7 +315,7 @@ def _stage_section(kind: StageKind, name: str) -> DictConfig:
     section = OmegaConf.structured(kind.settings(**{**kind.defaults, "kind": kind.name}))
     OmegaConf.set_struct(section, False)
     for key in declared(section):
-        if isinstance(section[key], DictConfig) and key != "sweep":
+        if _is_section(section[key]):  # not a mapping (sweep, data_columns): its keys are the user's
             OmegaConf.set_struct(section[key], True)
     return section
 
@@ -338,7 +339,8 @@ def schema(extension: str = "", named: dict[str, str] | None = None) -> DictConf
     OmegaConf.set_struct(cfg, True)
     for name in stage_names(cfg):  # struct mode reaches the sections from the root: open them again
         OmegaConf.set_struct(cfg[name], False)
-        OmegaConf.set_struct(cfg[name].sweep, False)
+        for key in [k for k in declared(cfg[name]) if isinstance(cfg[name][k], DictConfig)]:
+            OmegaConf.set_struct(cfg[name][key], _is_section(cfg[name][key]))
     return cfg
 
 
@@ -434,8 +436,10 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"'{name}.candidate' trains one candidate of the {name} stage: list {name} in 'stages'")
     for name in [n for n in cfg.stages if cfg[n].enabled]:
         stage, kind = cfg[name], kind_of(cfg, name)
+        sources.check(stage, name)
         if not kind.mixtures(stage):
-            raise ConfigError(f"'{name}.mixture' is empty: name a data mixture (pipeline/data_mixtures/*.yaml)")
+            raise ConfigError(f"'{name}' has no data: set '{name}.data' (a Hub dataset or a local file, "
+                              f"docs/training.md) or '{name}.mixture' (pipeline/data_mixtures/*.yaml)")
         for key in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length"):
             if stage[key] <= 0:
                 raise ConfigError(f"'{name}.{key}' must be > 0, got {stage[key]}")
@@ -505,7 +509,8 @@ def _validate_sweep(cfg: DictConfig, name: str) -> None:
     """A stage's sweep names its settings with non-empty value lists; soup and merge need a grid and a metric."""
     stage = cfg[name]
     for key, values in [(k, v) for k, v in stage.sweep.items() if v is not None]:
-        if key in ("kind", "sweep", "candidate", "soup", "merge", "eval", "gate", "mixture", "enabled") or (
+        if key in ("kind", "sweep", "candidate", "soup", "merge", "eval", "gate", "mixture", "data", "data_columns",
+                   "enabled") or (
                 key not in stage):
             raise ConfigError(f"'{name}.sweep.{key}': sweep a training setting of {name} that it sets"
                               f"{did_you_mean(str(key), declared(stage), f'{name}.sweep.')}")

@@ -98,7 +98,14 @@ class StageSettings:
 
     kind: str = arg("the stage kind that trains this section (a `KIND` of pipeline/stages/); fixed per section", "")
     enabled: bool = arg("a stage listed in `stages` but disabled is skipped (e.g. optional PPO)", True)
-    mixture: str = arg("pipeline/data_mixtures/NAME.yaml or a path to a mixture YAML", "")
+    mixture: str = arg("a weighted blend of sources: pipeline/data_mixtures/NAME.yaml or a path to a mixture YAML; "
+                       "one of mixture and data", "")
+    data: str = arg("one dataset in a format TRL documents: a Hub id (org/name, org/name:split, org/name@config:split) "
+                    "or a local .jsonl / .json / .parquet / .csv file or folder of them (docs/training.md); one of "
+                    "data and mixture", "", added=True)
+    data_columns: dict[str, str] = arg("with data: target -> the data's column, for columns not named as TRL names "
+                                       "them, e.g. {prompt: question, answer: answer} (only mapped columns are "
+                                       "read); empty: TRL's names", factory=dict, added=True)
     learning_rate: float = arg("peak learning rate", 2e-5)
     lr_scheduler_type: str = arg("transformers scheduler (cosine_with_min_lr, cosine, constant, ...)",
                                  "cosine_with_min_lr")
@@ -160,7 +167,20 @@ def passed_through(stage: Any) -> dict:
     return {k: v for k, v in OmegaConf.to_container(stage, resolve=True).items() if k not in own}
 
 
-Columns = list[tuple[str, ...]]  # a row fits when it has every column of one of the tuples
+@dataclass
+class Data:
+    """A stage's `data` (with its `data_columns`): read as a one-source mixture (pipeline/data/mixtures.py)."""
+
+    value: str
+    columns: dict[str, str]
+
+    def __str__(self) -> str:
+        return f"data {self.value}"
+
+
+def data_source(stage: Any) -> str | Data:
+    """What a stage trains on, as the mixture functions take it: its mixture's name, or its `data`."""
+    return Data(stage.data, dict(stage.data_columns)) if stage.data else stage.mixture
 
 
 class StageKind:
@@ -188,13 +208,15 @@ class StageKind:
         module, _, name = self.trl_config.partition(":")
         return getattr(importlib.import_module(module), name)
 
-    def columns(self, stage: Any) -> Columns:
-        """The normalised columns a row of the stage's mixture must have."""
-        return [("messages",)]
+    def formats(self, stage: Any) -> list[str]:
+        """The row formats the stage trains on (names of `pipeline.data.formats.FORMATS`)."""
+        return ["conversational", "prompt-completion"]
 
-    def mixtures(self, stage: Any) -> list[tuple[str, Columns, str]]:
-        """Every mixture the stage reads: (name, the columns its rows need, its role)."""
-        return [(stage.mixture, self.columns(stage), "train")] if stage.mixture else []
+    def mixtures(self, stage: Any) -> list[tuple[str | Data, list[str], str]]:
+        """Everything the stage reads (`data_source`, and e.g. DPO's on-policy prompts): (mixture name or data, the
+        formats its rows must have, its role)."""
+        source = data_source(stage)
+        return [(source, self.formats(stage), "train")] if source else []
 
     def check(self, cfg: Any, name: str) -> None:
         """Refuse settings of the enabled section `name` that cannot run (ConfigError), before any model loads."""

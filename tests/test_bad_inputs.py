@@ -89,6 +89,7 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
                         b'"content": "caf\xe9"}, {"role": "assistant", "content": "a"}]}\n')
     hub_chats, hub_chats_mix = _hub_chats(tmp)
     broken_yaml = _file(tmp / "broken.yaml", "sources:\n  - path: a.jsonl\n    columns: {user: q\n")
+    docs = _jsonl(tmp / "docs.jsonl", [{"text": "a document"}])
     table = {
         "unknown key": (["sft.learnin_rate=1"], "did you mean 'sft.learning_rate'"),
         "wrong type": (["sft.max_steps=many"], "bad value for 'sft.max_steps'"),
@@ -151,8 +152,12 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
             [f"sft.mixture={_file(tmp / 'hub_only.yaml', json.dumps({'sources': [{'hub': 'acme/absent'}]}))}"],
             "hub dataset acme/absent[train] is not in the local datasets cache"),
         "rows a stage cannot use (Hub copy)": ([*DPO, f"hub_mirror={hub_chats}", f"dpo.mixture={hub_chats_mix}"],
-                                               "stage 'dpo' needs rows with `chosen`, `rejected`; acme/chats[train] "
-                                               "row 1"),
+                                               "stage 'dpo' (dpo) trains on preference (prompt, chosen, rejected; "
+                                               "or chosen, rejected sharing an implicit prompt) rows; "
+                                               "acme/chats[train] row 1"),
+        "data rows a stage cannot train on": (["sft.mixture=", f"sft.data={docs}"],
+                                              f"{docs}:1 (data {docs}) is language modeling (text)"),
+        "data and mixture both set": (["sft.data=org/chats"], "'sft' sets both data (org/chats) and mixture"),
         "several problems, all reported at once": (
             ["stages=[sft,ppo]", "sft.optim=adamw_nope", "sft.gate.metric=tiny_gsm/acc,none",
              f"sft.mixture={_mixture(tmp, None)}"],

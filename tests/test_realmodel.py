@@ -55,10 +55,18 @@ def test_real_weights_sft_on_policy_apo_then_stock_transformers_and_lm_eval(tmp_
     tok, lm = AutoTokenizer.from_pretrained(final), AutoModelForCausalLM.from_pretrained(final)
     assert lm.config.num_hidden_layers == 30 and tok.chat_template == AutoTokenizer.from_pretrained(model).chat_template
     cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={final}",
-           "--include_path", str(run / "eval_tasks"), "--tasks", "gsm8k_local", "--limit", "3", "--num_fewshot", "0",
+           "--include_path", str(run / "eval_tasks"), "--tasks", "gsm8k_local,gsm8k_local_val_bpb", "--limit", "3",
+           "--num_fewshot", "0",
            "--gen_kwargs", "max_gen_toks=16", "--output_path", str(tmp_path / "lm_eval")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env={**os.environ}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     (result,) = (tmp_path / "lm_eval").rglob("results_*.json")
-    scores = json.loads(result.read_text())["results"]["gsm8k_local"]
+    results = json.loads(result.read_text())["results"]
+    scores = results["gsm8k_local"]
     assert 0.0 <= scores["exact_match,flexible-extract"] <= 1.0 and scores["exact_match,strict-match"] is not None
+    # the continuous metric under the stock CLI: the reference solutions' bits per byte, a real model's (a uniform
+    # guess over SmolLM2's 49,152 tokens would cost about 4 bits per byte)
+    assert 0.05 < results["gsm8k_local_val_bpb"]["bits_per_byte,none"] < 2.0
+    scored = sft_record["eval"]["metrics"]["gsm8k_local_val_bpb/bits_per_byte,none"]  # the pipeline's own, on SFT
+    assert 0.05 < scored < 2.0
+    assert sft_record["eval"]["higher_is_better"]["gsm8k_local_val_bpb"] == {"bits_per_byte": False}

@@ -23,8 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain.basemodel import architecture
 from pipeline.config import ConfigError, grid, kind_of, sweeps
-from pipeline.data.mixtures import load_spec, stage_mixtures
+from pipeline.data.mixtures import load_spec, source_name, stage_mixtures
 from pipeline.runfolder import RunPaths, model_dir, run_dir, stage_dir
+from pipeline.settings import data_source
 from pipeline.train.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
 
 KNOWN_MODELS = {  # published config.json fields of dense Llama-style models, so that planning needs no Hub
@@ -72,11 +73,11 @@ def _tokens(cfg: DictConfig, name: str) -> tuple[float | None, str]:
         return (s.max_steps * batch * (2 if pairs else 1) * s.max_length,
                 f"upper bound: {s.max_steps} steps x global batch {batch}{pairs} x max_length {s.max_length}")
     parts = []
-    if s.mixture:
-        stated = load_spec(s.mixture).tokens
+    if source := data_source(s):
+        stated = load_spec(source).tokens
         if not stated:
-            return None, f"unknown: mixture {s.mixture} states no `tokens:` and {name}.max_steps is not set"
-        parts.append((stated, f"{stated:.3g} tokens stated by mixture {s.mixture}"))
+            return None, f"unknown: {source_name(source)} states no `tokens:` and {name}.max_steps is not set"
+        parts.append((stated, f"{stated:.3g} tokens stated by {source_name(source)}"))
     if "on_policy" in s and s.on_policy.enabled:
         if not s.on_policy.max_prompts:
             return None, f"unknown: on-policy pairs without {name}.on_policy.max_prompts"
@@ -89,10 +90,10 @@ def _tokens(cfg: DictConfig, name: str) -> tuple[float | None, str]:
 def _datasets(cfg: DictConfig, name: str) -> list[dict]:
     out = []
     for mixture in stage_mixtures(cfg, name):
-        role = "train" if mixture == cfg[name].mixture else "on-policy prompts"
+        role = "train" if mixture == data_source(cfg[name]) else "on-policy prompts"
         sources = [{"source": s.path or (f"{s.hub}[{s.name}/{s.split}]" if s.hub else f"{s.generator}:{s.split}"),
                     "weight": s.weight} for s in load_spec(mixture).sources]
-        out.append({"mixture": mixture, "role": role, "sources": sources})
+        out.append({"mixture": str(mixture), "role": role, "sources": sources})
     return out
 
 

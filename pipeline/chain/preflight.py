@@ -29,7 +29,7 @@ from pipeline import extension, redact
 from pipeline.chain.basemodel import check_model_path, local_config
 from pipeline.chain.resume import StageDecision, decide
 from pipeline.config import did_you_mean, kind_of
-from pipeline.data import chat
+from pipeline.data import chat, formats
 from pipeline.data import mixtures as data
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
@@ -202,18 +202,18 @@ def chat_template(cfg: DictConfig, rows: dict[str, list[tuple[str, dict]]] | Non
 
 
 def stage_rows(cfg: DictConfig) -> dict[str, list[tuple[str, dict]]]:
-    """The first rows of every source of each enabled stage's mixtures (`mixtures.head`), checked against the
-    columns the stage uses (`StageKind.mixtures`); returns them per stage (the chat template is rendered on them)."""
+    """The first rows of every source of each enabled stage's data or mixtures (`mixtures.head`), checked against
+    the formats the stage trains on (`StageKind.mixtures`; a local file's other rows are of its first row's format,
+    which its fingerprint checks); returns them per stage (the chat template is rendered on them)."""
     out: dict[str, list[tuple[str, dict]]] = {}
     for name in _enabled(cfg):
-        for mixture, needs, role in kind_of(cfg, name).mixtures(cfg[name]):
-            rows = data.head(mixture, cfg)
+        for source, accepted, role in kind_of(cfg, name).mixtures(cfg[name]):
+            rows = data.head(source, cfg)
             for where, row in rows:
-                if not any(set(option) <= set(row) for option in needs):
-                    wanted = " or ".join("`" + "`, `".join(option) + "`" for option in needs)
-                    raise ConfigError(f"stage '{name}' needs rows with {wanted}"
-                                      f"{f' ({role})' if role != 'train' else ''}; {where} (mixture {mixture}) "
-                                      f"gives {', '.join(sorted(row)) or 'nothing'}")
+                if not formats.fits(row, accepted):
+                    raise ConfigError(f"stage '{name}' ({kind_of(cfg, name).name}) trains on "
+                                      f"{formats.describe(accepted)} rows{f' ({role})' if role != 'train' else ''}; "
+                                      f"{where} ({data.source_name(source)}) is {formats.of_row(row)}")
             out.setdefault(name, []).extend(rows)
     return out
 

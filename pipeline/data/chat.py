@@ -14,6 +14,11 @@ The turn-by-turn rendering is valid only for a prefix-preserving template: each 
 render to the start of the whole conversation. Templates that rewrite earlier turns (for example by
 dropping earlier think blocks) are refused, naming the row.
 
+Tool calling (TRL's format: assistant turns with `tool_calls`, `tool` turns with the results, a `tools` column of
+JSON schemas): the row's tools reach the template (`apply_chat_template(tools=...)`), a tool call is part of its
+assistant turn (trained), a tool result is context. A template that leaves a row's tools, tool calls or tool
+results out of its text (one that takes no tools) is refused, naming the row.
+
 Base models: `model.chat_template` names a template, the built-in `chatml` or a Jinja file. When its
 end-of-turn marker is not one token of the vocabulary, it is added as a special token, the embeddings
 are resized (`pipeline.train.models.fit_model`) and it becomes the eos of the tokenizer and of the model's
@@ -23,11 +28,13 @@ with each checkpoint, so eval and sampling, which load the checkpoint's tokenize
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError
+from pipeline.data.formats import tool_name
 
 CHATML = (
     "{%- for message in messages -%}"
@@ -79,18 +86,19 @@ def template_kwargs(kwargs: dict | None) -> dict:
 
 def render_row(tok: Any, stage: Any, row: dict, what: str) -> None:
     """Render a normalised row as its stage will (assistant spans for assistant-only loss, prompts with the
-    generation prompt, prompt + chosen / rejected); an error of the template is a ConfigError `what: reason`."""
-    kwargs = row.get("chat_template_kwargs")
+    generation prompt, prompt + chosen / rejected / completion); an error of the template is a ConfigError
+    `what: reason`."""
+    kwargs, tools = row.get("chat_template_kwargs"), row.get("tools")
     try:
         if "messages" in row and stage.get("format", "chat") == "chat" and stage.get("assistant_only_loss"):
-            assistant_spans(tok, row["messages"], kwargs, what.rpartition(" cannot render ")[2])
+            assistant_spans(tok, row["messages"], kwargs, what, tools)
         elif "messages" in row:
-            render(tok, row["messages"], kwargs)
+            render(tok, row["messages"], kwargs, tools=tools, where=what)
         if "prompt" in row:
-            render(tok, row["prompt"], kwargs, generation_prompt=True)
-            for answer in ("chosen", "rejected"):
+            render(tok, row["prompt"], kwargs, generation_prompt=True, where=what)
+            for answer in ("chosen", "rejected", "completion"):
                 if answer in row:
-                    render(tok, row["prompt"] + row[answer], kwargs)
+                    render(tok, row["prompt"] + row[answer], kwargs, where=what)
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - jinja2's errors and whatever a template raises (raise_exception)
@@ -98,29 +106,65 @@ def render_row(tok: Any, stage: Any, row: dict, what: str) -> None:
         raise ConfigError(f"{what}: {reason}") from None
 
 
-def render(tok: Any, messages: list[dict], kwargs: dict, generation_prompt: bool = False) -> str:
-    """The template's text for `messages` (no tokenisation), with the row's template kwargs."""
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
-                                   **template_kwargs(kwargs))
+def template_inputs(messages: list[dict], tools: str | list | None) -> tuple[list[dict], list | None]:
+    """A row's messages and tools as a template takes them: tools decoded from their JSON text, and the null fields
+    Arrow gives a message of a column whose other messages carry tool calls left out (TRL's `remove_none_values`)."""
+    if any(len(m) > 2 for m in messages):  # more than role and content
+        from trl.trainer.utils import remove_none_values
+
+        messages = remove_none_values(messages)
+    return messages, json.loads(tools) if isinstance(tools, str) else tools
 
 
-def assistant_spans(tok: Any, messages: list[dict], kwargs: dict, where: str) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character span of each assistant turn (end-of-turn token included).
+def _left_out(text: str, messages: list[dict], tools: list | None) -> str:
+    """The first of a row's tools, tool calls and tool results (the start of its first line: a template may quote
+    the rest) that its rendered `text` leaves out; '' if none."""
+    parts = [("tool", tool_name(t)) for t in tools or []]
+    parts += [("tool call", tool_name(c)) for m in messages for c in m.get("tool_calls") or []]
+    parts += [("tool result", m["content"].strip().split("\n")[0][:40]) for m in messages if m["role"] == "tool"]
+    return next((f"the {what} {value!r}" for what, value in parts if value and str(value) not in text), "")
+
+
+def render(tok: Any, messages: list[dict], kwargs: dict, generation_prompt: bool = False, tools: Any = None,
+           where: str = "a row") -> str:
+    """The template's text for `messages` (no tokenisation), with the row's template kwargs and tools; a template
+    that fails on, or leaves out, a tool, tool call or tool result of the row is a ConfigError naming `where`."""
+    messages, tools = template_inputs(messages, tools)
+    calling = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    try:
+        text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                       add_generation_prompt=generation_prompt, **template_kwargs(kwargs))
+        missing = _left_out(text, messages, tools) if calling else ""
+    except Exception as err:  # noqa: BLE001 - jinja2's errors and whatever a template raises
+        if not calling:
+            raise
+        missing = f"the row's tool calling ({' '.join(str(err).split())[:200] or type(err).__name__})"
+    if missing:
+        raise ConfigError(f"{where}: {missing} is missing from the chat template's text: the template takes no tools "
+                          "(apply_chat_template's tools=, tool_calls, tool turns); set model.chat_template to a "
+                          "template that renders them")
+    return text
+
+
+def assistant_spans(tok: Any, messages: list[dict], kwargs: dict, where: str,
+                    tools: Any = None) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character span of each assistant turn (end-of-turn token included; a
+    tool call is part of its turn).
 
     Raises ConfigError naming `where` (source and row) for an empty assistant turn or a template that is
-    not prefix-preserving.
+    not prefix-preserving, or that leaves out the row's tool calling.
     """
-    full = render(tok, messages, kwargs)
+    full = render(tok, messages, kwargs, tools=tools, where=where)
     spans = []
     for k, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        if not str(message.get("content") or "").strip():
+        if not str(message.get("content") or "").strip() and not message.get("tool_calls"):
             asked = next((str(m.get("content")) for m in messages[:k] if m.get("role") == "user"), "")
             raise ConfigError(f"{where} (user: {asked[:60]!r}): assistant turn {k + 1} is empty; drop the row or "
                               "give it content")
-        prompt = render(tok, messages[:k], kwargs, generation_prompt=True) if k else ""
-        turn = render(tok, messages[:k + 1], kwargs)
+        prompt = render(tok, messages[:k], kwargs, generation_prompt=True, tools=tools, where=where) if k else ""
+        turn = render(tok, messages[:k + 1], kwargs, tools=tools, where=where)
         if not full.startswith(turn):
             raise ConfigError(f"{where}: the chat template is not prefix-preserving (messages 1..{k + 1} do not "
                               "render as the start of the whole conversation, e.g. it rewrites earlier turns), so "
@@ -133,9 +177,9 @@ def assistant_spans(tok: Any, messages: list[dict], kwargs: dict, where: str) ->
     return full, spans
 
 
-def tokenise_masked(tok: Any, messages: list[dict], kwargs: dict, where: str) -> dict:
+def tokenise_masked(tok: Any, messages: list[dict], kwargs: dict, where: str, tools: Any = None) -> dict:
     """`input_ids` of the rendered conversation and `assistant_masks` (1 on every assistant-turn token)."""
-    full, spans = assistant_spans(tok, messages, kwargs, where)
+    full, spans = assistant_spans(tok, messages, kwargs, where, tools)
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     mask = [int(any(s < b and e > a for a, b in spans)) for s, e in enc["offset_mapping"]]
     return {"input_ids": enc["input_ids"], "assistant_masks": mask}

@@ -1,13 +1,16 @@
 """Data mixtures: load sources, map columns, weight, mix, fingerprint.
 
 A mixture (`pipeline/data_mixtures/NAME.yaml`) lists sources. Each source is a local file
-(`path`: .jsonl, .json or .parquet), a Hub dataset (`hub`, `name`, `split`, `revision`) or a generator
-of the recipe's extension (`generator: NAME`, `split`; pipeline/extension.py). `columns` maps a target field to
-a source column; targets are `messages`, `text`, `prompt`, `chosen`, `rejected`, `answer`, and `user` /
-`assistant` / `system` (a single-turn chat built into `messages`), and `chat_template_kwargs`
-(per-row template switches such as SmolLM3's think / no_think, passed to the chat template).
-Unmapped targets are taken from a column of the same name when there is one. `weight` <= 1 takes
-that fraction of the source's rows, > 1 that many rows (cycling if the source is smaller). Rows are
+(`path`: .jsonl, .json, .parquet or .csv), a Hub dataset (`hub`, `name`, `split`, `revision`) or a generator
+of the recipe's extension (`generator: NAME`, `split`; pipeline/extension.py). A stage's `data` is a mixture of
+one source (a folder of files: one source per file; pipeline/data/sources.py), read by the same functions, which
+take a mixture's name or a stage's `settings.Data`. `columns` maps a target field to
+a source column; targets are the columns of TRL's formats (`messages`, `text`, `prompt`, `completion`, `chosen`,
+`rejected`, `label`; pipeline/data/formats.py), `answer` (RL's reference), `user` / `assistant` / `system` (a
+single-turn chat built into `messages`), `tools` (JSON schemas of the tools a row's tool calls use) and
+`chat_template_kwargs` (per-row template switches such as SmolLM3's think / no_think, passed to the chat
+template). Without `columns`, every target is taken from the column of its name, when there is one. `weight` <= 1
+takes that fraction of the source's rows, > 1 that many rows (cycling if the source is smaller). Rows are
 shuffled with the mixture seed after mixing.
 
 Hub sources are read with `datasets.load_dataset`, from the Hub or, with `hub_mirror=DIR`, from a local
@@ -21,9 +24,11 @@ the file (or Hub split) and row.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +39,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pipeline import extension
 from pipeline.config import MIXTURES_DIR, ConfigError, explain_error, kind_of, yaml_problem
+from pipeline.data import sources as data_sources
+from pipeline.data.formats import TARGETS, of_row, tool_name
 from pipeline.files import sha256_file
+from pipeline.settings import Data
 
-TARGETS = ("messages", "text", "prompt", "chosen", "rejected", "answer", "user", "assistant", "system",
-           "chat_template_kwargs")
 ROLES = ("system", "user", "assistant", "tool")
+TOOL_KEYS = ("tool_calls", "name", "tool_call_id")  # what a message of TRL's tool-calling format adds
+LABELS = {"true": True, "false": False, "1": True, "0": False}  # an unpaired row's label as a CSV cell writes it
 HEAD_ROWS = 8  # rows of each source the preflight renders and checks against its stage (`head`)
 log = logging.getLogger("pipeline")
 
@@ -72,28 +80,47 @@ def mixture_path(name: str) -> Path:
     return path
 
 
-def load_spec(name: str) -> DictConfig:
-    """Parse and validate a mixture YAML against the schema (unknown keys, types, sources)."""
-    path = mixture_path(name)
-    schema = OmegaConf.structured(MixtureConfig)
-    try:
-        spec = OmegaConf.merge(schema, OmegaConf.load(path))
-    except OmegaConfBaseException as err:
-        raise explain_error(schema, err, f"mixture {path}") from None
-    except Exception as err:  # noqa: BLE001 - YAML parser errors come in many types
-        raise ConfigError(f"cannot parse mixture {path}: {yaml_problem(err)}") from None
+def source_name(source: str | Data) -> str:
+    """A mixture's name or a stage's data, for messages: `mixture NAME`, `data VALUE`."""
+    return str(source) if isinstance(source, Data) else f"mixture {source}"
+
+
+def _data_spec(data: Data) -> DictConfig:
+    """A stage's `data` as a mixture: one source, or one per file of a folder."""
+    found = [data_sources.parse(data.value)]
+    if "path" in found[0]:
+        path = Path(os.path.expanduser(found[0]["path"]))
+        found = [{"path": str(p)} for p in (data_sources.files(path) if path.is_dir() else [path])]
+    return OmegaConf.merge(OmegaConf.structured(MixtureConfig),
+                           {"description": str(data), "sources": [{**s, "columns": data.columns} for s in found]})
+
+
+def load_spec(source: str | Data) -> DictConfig:
+    """Parse and validate a mixture YAML against the schema (unknown keys, types, sources); a stage's `data` is the
+    mixture of its one source (`_data_spec`)."""
+    if isinstance(source, Data):
+        spec, where = _data_spec(source), str(source)
+    else:
+        path = mixture_path(source)
+        schema, where = OmegaConf.structured(MixtureConfig), f"mixture {path}"
+        try:
+            spec = OmegaConf.merge(schema, OmegaConf.load(path))
+        except OmegaConfBaseException as err:
+            raise explain_error(schema, err, where) from None
+        except Exception as err:  # noqa: BLE001 - YAML parser errors come in many types
+            raise ConfigError(f"cannot parse mixture {path}: {yaml_problem(err)}") from None
     if not spec.sources:
-        raise ConfigError(f"mixture {path} has no sources")
+        raise ConfigError(f"{where} has no sources")
     for i, src in enumerate(spec.sources):
         kinds = [k for k in ("path", "hub", "generator") if src[k]]
         if len(kinds) != 1:
-            raise ConfigError(f"mixture {path} source {i}: set exactly one of path, hub, generator")
+            raise ConfigError(f"{where} source {i}: set exactly one of path, hub, generator")
         bad = [t for t in src.columns if t not in TARGETS]
         if bad:
-            raise ConfigError(f"mixture {path} source {i}: unknown target column {bad}; targets: {TARGETS}")
+            raise ConfigError(f"{where} source {i}: unknown target column {bad}; targets: {TARGETS}")
         if src.weight <= 0:
-            raise ConfigError(f"mixture {path} source {i}: weight must be > 0, got {src.weight}")
-        if src.path:  # a relative path is relative to the mixture's own file, wherever the run starts
+            raise ConfigError(f"{where} source {i}: weight must be > 0, got {src.weight}")
+        if src.path and not isinstance(source, Data):  # relative to the mixture's own file, wherever the run starts
             src.path = str(path.resolve().parent / Path(src.path).expanduser())
     return spec
 
@@ -104,17 +131,32 @@ def _local_file(src: DictConfig, cfg: DictConfig) -> Path | None:
     if src.path:
         path = Path(src.path)
         if not path.is_file():
-            raise ConfigError(f"dataset file not found: {path} (from a mixture source)")
+            raise ConfigError(f"dataset file not found: {path}")
         return path
     return None
 
 
-def stage_mixtures(cfg: DictConfig, stage: str) -> list[str]:
-    """Every mixture a stage reads (`StageKind.mixtures`: its own, and e.g. a DPO stage's on-policy prompts)."""
-    return [name for name, _, _ in kind_of(cfg, stage).mixtures(cfg[stage])]
+def stage_mixtures(cfg: DictConfig, stage: str) -> list[str | Data]:
+    """Every mixture a stage reads (`StageKind.mixtures`: its mixture or data, and e.g. a DPO stage's on-policy
+    prompts)."""
+    return [source for source, _, _ in kind_of(cfg, stage).mixtures(cfg[stage])]
 
 
-def fingerprints(name: str, cfg: DictConfig) -> list[dict]:
+def _file_rows(file: Path, columns: dict) -> list[dict]:
+    """Every row of a local file, normalised; a file is one format (a row of another is refused, naming both)."""
+    rows, first = [], None
+    for where, raw in _read_rows(file):
+        rows.append(normalise(raw, columns, where))
+        first = first or (where, of_row(rows[0]))
+        if of_row(rows[-1]) != first[1]:
+            raise ConfigError(f"{where} is {of_row(rows[-1])}, but {first[0]} is {first[1]}: a file holds rows of one "
+                              "format")
+    if not rows:
+        raise ConfigError(f"dataset {file} is empty")
+    return rows
+
+
+def fingerprints(name: str | Data, cfg: DictConfig) -> list[dict]:
     """One fingerprint per source of a mixture: sha256 of local files, name + revision for Hub data.
 
     Local files (every row) and Hub sources read from `hub_mirror` (the rows the weight picks) are also
@@ -126,9 +168,7 @@ def fingerprints(name: str, cfg: DictConfig) -> list[dict]:
     for i, src in enumerate(spec.sources):
         file = _local_file(src, cfg)
         if file is not None:
-            columns = OmegaConf.to_container(src.columns)
-            if not [normalise(row, columns, where) for where, row in _read_rows(file)]:
-                raise ConfigError(f"dataset {file} is empty")
+            _file_rows(file, OmegaConf.to_container(src.columns))
         if file is None:
             path = hub_source(src.hub, src.name, [src.split], cfg)["path"]
             mirror = {"mirror": cfg.hub_mirror} if path != src.hub else {}
@@ -142,7 +182,7 @@ def fingerprints(name: str, cfg: DictConfig) -> list[dict]:
     return out
 
 
-def head(name: str, cfg: DictConfig, rows: int = HEAD_ROWS) -> list[tuple[str, dict]]:
+def head(name: str | Data, cfg: DictConfig, rows: int = HEAD_ROWS) -> list[tuple[str, dict]]:
     """The first `rows` rows of each source of a mixture, normalised, each with where it is from (`file:line`,
     `repo[split] row N`): what the preflight checks a stage's columns and chat template on. A Hub source is read
     as a stream (from `hub_mirror` when it has a copy); offline, from the datasets cache, and a source that is not
@@ -189,16 +229,41 @@ def _hub_head(src: DictConfig, cfg: DictConfig, rows: int) -> list[tuple[str, di
     return [(f"{label} row {i + 1}", row) for i, row in enumerate(found)]
 
 
+def _csv_rows(path: Path, limit: int | None) -> list[tuple[str, dict]]:
+    """Rows of a CSV file with a header line (cells are strings), each with its location (`file:line`)."""
+    rows = []
+    with open(path, encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh)
+        try:
+            if reader.fieldnames is None:  # reads the header line; None: an empty file
+                return []
+            while limit is None or len(rows) < limit:
+                line = reader.line_num + 1  # the line this row starts on
+                row = next(reader, None)
+                if row is None:
+                    break
+                rows.append((f"{path}:{line}", row))
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}:{reader.line_num + 1}: not UTF-8 text (byte {err.object[err.start]:#04x}); "
+                              "save the file as UTF-8") from None
+        except csv.Error as err:
+            raise ConfigError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
+    return rows
+
+
 def _read_rows(path: Path, limit: int | None = None) -> list[tuple[str, dict]]:
     """Rows of a local file (the first `limit` ones, when given), each with its location (`file:line` for
-    JSONL)."""
-    if path.suffix == ".parquet":
+    JSONL and CSV)."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return _csv_rows(path, limit)
+    if suffix == ".parquet":
         import datasets
 
         ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
         ds = ds.select(range(min(limit, len(ds)))) if limit is not None else ds
         return [(f"{path} row {i + 1}", row) for i, row in enumerate(ds)]
-    if path.suffix == ".json":
+    if suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as err:
@@ -229,15 +294,23 @@ def _read_rows(path: Path, limit: int | None = None) -> list[tuple[str, dict]]:
 
 
 def _check_messages(messages: Any, where: str) -> list[dict]:
+    """Known roles and string contents; an assistant turn may carry `tool_calls` instead of content (TRL's
+    tool-calling format: then its content is ''), and keeps them, as a tool turn keeps its `name` and
+    `tool_call_id`."""
     if not isinstance(messages, list) or not messages:
         raise ConfigError(f"{where}: messages must be a non-empty list of {{role, content}}")
     out = []
     for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if not isinstance(m, dict) or not (isinstance(m.get("content"), str) or calls and m.get("content") is None):
             raise ConfigError(f"{where}: each message needs a string 'content', got {m!r:.80}")
         if m.get("role") not in ROLES:
             raise ConfigError(f"{where}: unknown message role {m.get('role')!r} (allowed: {', '.join(ROLES)})")
-        out.append({"role": m["role"], "content": m["content"]})
+        if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list)
+                                  or not all(isinstance(tool_name(c), str) for c in calls)):
+            raise ConfigError(f"{where}: tool_calls belong to an assistant turn, a list of {{type: function, "
+                              f"function: {{name, arguments}}}}; got {calls!r:.80} in a {m['role']} turn")
+        out.append({"role": m["role"], "content": m.get("content") or "", **{k: m[k] for k in TOOL_KEYS if k in m}})
     return out
 
 
@@ -260,11 +333,11 @@ def _as_chat(value: Any, role: str, target: str, where: str) -> list[dict]:
 
 
 def _check_answers(messages: list[dict], target: str, where: str) -> None:
-    """A chat needs at least one assistant turn, and no empty one."""
-    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    """A chat needs at least one assistant turn, and no empty one (a tool call is not empty)."""
+    answers = [m for m in messages if m["role"] == "assistant"]
     if not answers:
         raise ConfigError(f"{where}: {target} has no assistant turn")
-    if not all(a.strip() for a in answers):
+    if not all(m["content"].strip() or m.get("tool_calls") for m in answers):
         raise ConfigError(f"{where}: {target} has an empty assistant turn")
 
 
@@ -307,13 +380,51 @@ def _preference(out: dict, where: str) -> None:
     out.update(prompt=max(lead_c, lead_r, key=len), chosen=chosen, rejected=rejected)
 
 
+def _reply(out: dict, target: str, where: str) -> tuple[list[dict], list[dict]]:
+    """(prompt, reply) of a row's prompt and its answer `target` (a completion), both as conversations."""
+    if "prompt" not in out:
+        raise ConfigError(f"{where}: a {target} needs its prompt (a prompt column)")
+    prompt = _as_chat(out["prompt"], "user", "prompt", where)
+    lead, reply = _split_prompt(prompt, _as_chat(out[target], "assistant", target, where), target, where)
+    _check_answers(reply, target, where)
+    return lead, reply
+
+
+def _label(value: Any, where: str) -> bool:
+    """An unpaired row's label: true (desirable) or false, as JSON, a number 1 / 0 or a CSV cell writes it."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | str) and str(value).strip().lower() in LABELS:
+        return LABELS[str(value).strip().lower()]
+    raise ConfigError(f"{where}: label must be true (a desirable completion) or false, got {json_kind(value)}")
+
+
+def _tools(value: Any, where: str) -> str | None:
+    """A row's tool schemas as a JSON string (TRL's SFT reads either form; Arrow stores schemas of every shape
+    as one): a list of objects, or its JSON text; the null fields Arrow adds to a struct are left out."""
+    from trl.trainer.utils import remove_none_values
+
+    if value is None:
+        return None
+    try:
+        tools = json.loads(value) if isinstance(value, str) else value
+    except ValueError as err:
+        raise ConfigError(f"{where}: tools is text but not JSON ({err})") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ConfigError(f"{where}: tools must be a list of JSON schemas (objects), got {json_kind(tools)}")
+    return json.dumps(remove_none_values(tools))
+
+
 def normalise(row: dict, columns: dict, where: str) -> dict:
     """Map one source row into the target fields; raise `ConfigError` naming `where` if malformed.
 
-    Chats are checked (known roles, string contents, an assistant turn, none empty). A `prompt` always
-    becomes a conversation (a string: one user turn), so PPO, GRPO and on-policy sampling get a chat; with
-    `chosen` / `rejected` every mix of string and conversational forms is brought to the conversational
-    form TRL's DPO accepts (see `_preference`). `chat_template_kwargs` is a dict (None: {}).
+    Chats are checked (known roles, string contents or tool calls, an assistant turn, none empty). A `prompt`
+    always becomes a conversation (a string: one user turn), so PPO, GRPO and on-policy sampling get a chat; a
+    prompt-completion row becomes `messages` (the completion's turns as assistant turns, so assistant-only loss
+    is TRL's completion-only loss); with `label` (unpaired preference, KTO) the completion stays apart, as a
+    conversation, and the label a boolean; with `chosen` / `rejected` every mix of string and conversational forms
+    is brought to the conversational form TRL's DPO accepts (see `_preference`). `tools` is JSON text,
+    `chat_template_kwargs` a dict (None: {}).
     """
     if not isinstance(row, dict):
         raise ConfigError(f"{where}: row is not a JSON object")
@@ -327,13 +438,27 @@ def normalise(row: dict, columns: dict, where: str) -> dict:
     if "user" in out or "assistant" in out:
         turns = [(r, out.pop(r)) for r in ("system", "user", "assistant") if r in out]
         out["messages"] = [{"role": r, "content": c} for r, c in turns]
+    if "completion" in out and "label" not in out:  # prompt-completion: one conversation
+        if "messages" in out:
+            raise ConfigError(f"{where}: a row is conversational (messages) or prompt-completion, not both; map the "
+                              "columns of one")
+        lead, completion = _reply(out, "completion", where)
+        del out["prompt"], out["completion"]
+        out["messages"] = lead + completion
     if "messages" in out:
         out["messages"] = _check_messages(out["messages"], where)
         _check_answers(out["messages"], "chat row", where)
-    if "chosen" in out or "rejected" in out:
+    if "label" in out:
+        if "completion" not in out:
+            raise ConfigError(f"{where}: a labelled row (unpaired preference) needs a prompt and a completion")
+        out["prompt"], out["completion"] = _reply(out, "completion", where)
+        out["label"] = _label(out["label"], where)
+    elif "chosen" in out or "rejected" in out:
         _preference(out, where)
     elif "prompt" in out:
         out["prompt"] = _as_chat(out["prompt"], "user", "prompt", where)
+    if "tools" in out:
+        out["tools"] = _tools(out["tools"], where)
     if "chat_template_kwargs" in out:
         kwargs = out["chat_template_kwargs"] or {}
         if not isinstance(kwargs, dict):
@@ -392,8 +517,8 @@ def _load_hub(src: DictConfig, i: int, seed: int, cfg: DictConfig) -> Any:
         fn_kwargs={"columns": OmegaConf.to_container(src.columns), "label": label, "picked": picked})
 
 
-def load_mixture(name: str, cfg: DictConfig, render: Callable[[dict], str] | None = None):
-    """Load, normalise, weight and shuffle a mixture into one `datasets.Dataset`.
+def load_mixture(name: str | Data, cfg: DictConfig, render: Callable[[dict], str] | None = None):
+    """Load, normalise, weight and shuffle a mixture (or a stage's `data`) into one `datasets.Dataset`.
 
     With `render` (a chat template), chat rows become `text` so chat and plain sources can mix.
     """
@@ -406,21 +531,24 @@ def load_mixture(name: str, cfg: DictConfig, render: Callable[[dict], str] | Non
         if file is None:
             ds = _load_hub(src, i, spec.seed, cfg)
         else:
-            columns = OmegaConf.to_container(src.columns)
-            rows = [normalise(row, columns, where) for where, row in _read_rows(file)]
-            if not rows:
-                raise ConfigError(f"dataset {file} is empty")
-            ds = datasets.Dataset.from_list(rows)
+            rows = _file_rows(file, OmegaConf.to_container(src.columns))
+            keys = list(dict.fromkeys(k for row in rows for k in row))  # a key some rows leave out is None there
+            ds = datasets.Dataset.from_list([{k: row.get(k) for k in keys} for row in rows],
+                                            on_mixed_types="use_json")  # tool calls of every shape, kept as given
             ds = ds.select(_pick(len(ds), src.weight, spec.seed + i))
         if not len(ds):  # a small weight of a small source
-            log.warning("mixture '%s' source %d: weight %g picks no row", name, i, src.weight)
+            log.warning("%s source %d: weight %g picks no row", source_name(name), i, src.weight)
             continue
         if render is not None and "messages" in ds.column_names:
             ds = ds.map(lambda r: {"text": render(r)}, remove_columns=ds.column_names)
         parts.append(ds)
     if not parts:
-        raise ConfigError(f"mixture '{name}': its weights pick no row")
+        raise ConfigError(f"{source_name(name)}: its weights pick no row")
     names = [sorted(p.column_names) for p in parts]
     if any(n != names[0] for n in names):
-        raise ConfigError(f"mixture '{name}': sources give different columns {names}")
-    return datasets.concatenate_datasets(parts).shuffle(seed=spec.seed)
+        raise ConfigError(f"{source_name(name)}: sources give different columns {names}")
+    try:
+        return datasets.concatenate_datasets(parts).shuffle(seed=spec.seed)
+    except ValueError as err:  # columns of one name, other types (a source with tool calls, one without)
+        reason = str(err).splitlines()[0]
+        raise ConfigError(f"{source_name(name)}: its sources' columns differ in type ({reason})") from None

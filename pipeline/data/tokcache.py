@@ -4,8 +4,8 @@ A stage's rows are tokenised into `<cache_dir>/tokenized/<key>/` (datasets `save
 to a temporary folder and renamed). The key hashes the rows' content (the mixed and shuffled
 mixture, per-row chat-template kwargs included), the tokenizer's saved files (vocabulary, special
 tokens, chat template), the stage's format, assistant-only loss and max_length, the library
-versions and `VERSION`. Chat rows go through TRL's own per-row tokenisation (`_tokenize`, called as
-SFTTrainer calls it), giving `input_ids`; with assistant-only loss, `chat.tokenise_masked` gives
+versions and `VERSION`. Chat rows are rendered through the chat template with their tools and tokenised as
+SFTTrainer does (no special tokens added), giving `input_ids`; with assistant-only loss, `chat.tokenise_masked` gives
 `input_ids` and `assistant_masks` on any template, with or without `{% generation %}` markers;
 SFTTrainer then skips tokenising and only builds labels, truncates and packs (steps that datasets
 caches beside the tokens). Documents (`format: text`) become `input_ids` ending in EOS.
@@ -24,11 +24,12 @@ import datasets
 import pyarrow as pa
 import transformers
 import trl
-from trl.data_utils import _tokenize
 
 from pipeline.config import ConfigError
 from pipeline.data import chat, prep
+from pipeline.data.mixtures import source_name
 from pipeline.files import atomic_dir, fingerprint
+from pipeline.settings import data_source
 from pipeline.train import preempt
 from pipeline.train.distributed import main_writes, same_on_every_rank
 
@@ -67,12 +68,13 @@ def cache_key(dataset: Any, stage: Any, tok: Any) -> str:
 
 
 def tokenise_chat(row: dict, index: int, tok: Any, assistant_only_loss: bool, source: str) -> dict:
-    """One chat row: `input_ids` as SFTTrainer tokenises it, or with `assistant_masks` for assistant-only loss."""
-    kwargs = chat.template_kwargs(row.get("chat_template_kwargs"))
+    """One chat row (with its tools): `input_ids` of its rendered text, as SFTTrainer tokenises it, with
+    `assistant_masks` for assistant-only loss."""
+    kwargs, where = chat.template_kwargs(row.get("chat_template_kwargs")), f"{source} row {index + 1}"
     if assistant_only_loss:
-        return chat.tokenise_masked(tok, row["messages"], kwargs, f"{source} row {index + 1}")
-    processed = _tokenize(tok, row["messages"], chat_template=None, tools=None, **kwargs)
-    return {"input_ids": processed["input_ids"]}
+        return chat.tokenise_masked(tok, row["messages"], kwargs, where, row.get("tools"))
+    text = chat.render(tok, row["messages"], kwargs, tools=row.get("tools"), where=where)
+    return {"input_ids": tok(text, add_special_tokens=False)["input_ids"]}
 
 
 def tokenise_text(row: dict, tok: Any) -> dict:
@@ -82,8 +84,9 @@ def tokenise_text(row: dict, tok: Any) -> dict:
     return {"input_ids": ids if ends else ids + [tok.eos_token_id]}
 
 
-def tokenise(dataset: Any, stage: Any, tok: Any) -> Any:
-    """Tokenise every row for the stage's format; refuse chat rows with no assistant token to learn."""
+def tokenise(dataset: Any, stage: Any, tok: Any, name: str) -> Any:
+    """Tokenise every row for the stage's format (`name`: the stage, for messages); refuse chat rows with no
+    assistant token to learn."""
     started, procs = time.monotonic(), stage.dataset_num_proc if stage.dataset_num_proc > 1 else None
     if stage.format == "text":
         out = dataset.map(tokenise_text, fn_kwargs={"tok": tok}, remove_columns=dataset.column_names, num_proc=procs)
@@ -91,7 +94,7 @@ def tokenise(dataset: Any, stage: Any, tok: Any) -> Any:
         return out
     out = dataset.map(tokenise_chat, with_indices=True, remove_columns=dataset.column_names, num_proc=procs,
                       fn_kwargs={"tok": tok, "assistant_only_loss": stage.assistant_only_loss,
-                                 "source": f"mixture {stage.mixture}"})
+                                 "source": f"stage {name} ({source_name(data_source(stage))})"})
     prep.log_rate("tokenised", len(out), started)
     if stage.assistant_only_loss:
         empty = [i for i, mask in enumerate(out["assistant_masks"]) if 1 not in mask]
@@ -116,7 +119,7 @@ def tokenised(dataset: Any, stage: Any, tok: Any, cache_dir: Path, name: str) ->
         elif main:
             log.info("%s: tokenised data: cache miss, tokenising %s rows into %s", name, f"{len(dataset):,}", path)
             with preempt.interruptible(f"tokenising {name}'s rows"):
-                tokens = tokenise(dataset, stage, tok)
+                tokens = tokenise(dataset, stage, tok, name)
                 prep.slow_down_for_tests()
                 with atomic_dir(path, first_wins=True) as tmp:  # another run sharing the cache may race
                     tokens.save_to_disk(str(tmp))

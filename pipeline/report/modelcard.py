@@ -47,7 +47,7 @@ def _hyper(config: dict) -> str:
 
 
 def _data(record: StageRecord) -> str:
-    mixture = (record.config or {}).get("mixture")
+    mixture = (record.config or {}).get("mixture") or (record.config or {}).get("data")
     sources = ", ".join(str(d.get("hub") or d.get("path") or d.get("split") or "?") for d in record.data or [])
     return f"{_num(mixture) or '-'} ({sources})" if sources else _num(mixture) or "-"
 

@@ -94,12 +94,13 @@ def reward_function(stage: Any, stage_dir: Path, model_cfg: Any, device: Any = "
 
 
 def load_prompts(stage: Any, cfg: Any, kind: str) -> Any:
-    """The RL stage's mixture with its prompts as chats; refuses one without `prompt` (and `answer`, which a
+    """The RL stage's data or mixture with its prompts as chats; refuses one without `prompt` (and `answer`, which a
     verifier checks against)."""
-    from pipeline.data.mixtures import load_mixture
+    from pipeline.data.mixtures import load_mixture, source_name
+    from pipeline.settings import data_source
 
-    data = load_mixture(stage.mixture, cfg)
+    data = load_mixture(data_source(stage), cfg)
     if "prompt" not in data.column_names or (stage.reward != "model" and "answer" not in data.column_names):
-        raise ConfigError(f"{kind} mixture '{stage.mixture}' needs `prompt` and `answer` columns; it has "
+        raise ConfigError(f"{kind} {source_name(data_source(stage))} needs `prompt` and `answer` columns; it has "
                           f"{sorted(data.column_names)}")
     return data.map(lambda r: {"prompt": as_chat(r["prompt"])})

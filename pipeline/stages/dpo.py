@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.settings import Columns, MergeConfig, SoupConfig, StageKind, StageSettings, arg
+from pipeline.settings import Data, MergeConfig, SoupConfig, StageKind, StageSettings, arg, data_source
 
 log = logging.getLogger("pipeline")
 
@@ -65,13 +65,13 @@ class Dpo(StageKind):
     help = "preference optimisation with a sweep"
     defaults = {"learning_rate": 5e-7, "lr_scheduler_type": "cosine"}  # noqa: RUF012
 
-    def columns(self, stage: Any) -> Columns:
-        return [("chosen", "rejected")]
+    def formats(self, stage: Any) -> list[str]:
+        return ["preference"]
 
-    def mixtures(self, stage: Any) -> list[tuple[str, Columns, str]]:
+    def mixtures(self, stage: Any) -> list[tuple[str | Data, list[str], str]]:
         out = super().mixtures(stage)
         if stage.on_policy.enabled:
-            out.append((stage.on_policy.mixture, [("prompt", "answer")], "on-policy prompts"))
+            out.append((stage.on_policy.mixture, ["prompt with answer"], "on-policy prompts"))
         return out
 
     def check(self, cfg: Any, name: str) -> None:
@@ -137,19 +137,20 @@ def _on_policy(ctx: Any) -> Any:
 
 
 def preference_pairs(ctx: Any) -> Any:
-    """The stage's preference pairs: its mixture plus on-policy pairs (sampled once, kept in the stage folder)."""
+    """The stage's preference pairs: its data or mixture plus on-policy pairs (sampled once, kept in the stage
+    folder)."""
     import datasets
 
     from pipeline.data.mixtures import load_mixture
 
     stage = ctx.stage
-    parts = [load_mixture(stage.mixture, ctx.cfg)] if stage.mixture else []
+    parts = [load_mixture(data_source(stage), ctx.cfg)] if data_source(stage) else []
     if stage.on_policy.enabled and (sampled := _on_policy(ctx)) is not None:
         parts.append(sampled)
     if not parts:
         raise ConfigError("dpo has no preference pairs: on-policy sampling found no prompt with both a correct and "
                           "an incorrect answer (raise dpo.on_policy.samples or temperature, set "
-                          "dpo.on_policy.reference_chosen=true, or add dpo.mixture)")
+                          "dpo.on_policy.reference_chosen=true, or add dpo.data or dpo.mixture)")
     return datasets.concatenate_datasets(parts).shuffle(seed=ctx.cfg.seed) if len(parts) > 1 else parts[0]
 
 

@@ -1,8 +1,9 @@
 """KTO: TRL's KTOTrainer on unpaired preference rows, a completion marked desirable or not (Ethayarajh et al.).
 
-The stage's mixture gives preference pairs (`prompt`, `chosen`, `rejected`), which TRL's own
-`unpair_preference_dataset` turns into unpaired rows: the chosen answer desirable, the rejected one not. The
-reference model is the input checkpoint, frozen (with LoRA: the adapter-disabled base).
+The stage's data gives unpaired rows (`prompt`, `completion`, `label`: desirable or not) or preference pairs
+(`prompt`, `chosen`, `rejected`), which TRL's own `unpair_preference_dataset` turns into unpaired rows: the chosen
+answer desirable, the rejected one not. The reference model is the input checkpoint, frozen (with LoRA: the
+adapter-disabled base).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.settings import Columns, StageKind, StageSettings, arg
+from pipeline.settings import StageKind, StageSettings, arg, data_source
 
 
 @dataclass
@@ -28,8 +29,8 @@ class Kto(StageKind):
     help = "KTO on unpaired preference rows (TRL's KTOTrainer)"
     defaults = {"learning_rate": 5e-7, "lr_scheduler_type": "cosine"}  # noqa: RUF012
 
-    def columns(self, stage: Any) -> Columns:
-        return [("chosen", "rejected")]
+    def formats(self, stage: Any) -> list[str]:
+        return ["unpaired preference", "preference"]
 
     def trainer_args(self, stage: Any, work_dir: Any, seed: int, precision: str, run: Any = None) -> Any:
         from trl import KTOConfig
@@ -50,7 +51,8 @@ class Kto(StageKind):
 
         stage, cfg = ctx.stage, ctx.cfg
         tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
-        rows = unpair_preference_dataset(load_mixture(stage.mixture, cfg)).shuffle(seed=cfg.seed)
+        rows = load_mixture(data_source(stage), cfg)
+        rows = (rows if "label" in rows.column_names else unpair_preference_dataset(rows)).shuffle(seed=cfg.seed)
         args = self.trainer_args(stage, ctx.work_dir, cfg.seed, cfg.model.precision, cfg)
         trainer = KTOTrainer(model=load_model(ctx.input_model, cfg.model), ref_model=None, args=args,
                              train_dataset=rows, processing_class=tok, peft_config=lora_config(stage))

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.settings import Columns, StageKind, StageSettings, arg
+from pipeline.settings import StageKind, StageSettings, arg, data_source
 
 
 @dataclass
@@ -25,8 +25,8 @@ class Orpo(StageKind):
     help = "ORPO on preference pairs, no reference model (TRL's ORPOTrainer)"
     defaults = {"learning_rate": 8e-6, "lr_scheduler_type": "linear"}  # noqa: RUF012
 
-    def columns(self, stage: Any) -> Columns:
-        return [("chosen", "rejected")]
+    def formats(self, stage: Any) -> list[str]:
+        return ["preference"]
 
     def config_class(self) -> type | None:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # chosen knowingly: the module says so
@@ -48,7 +48,7 @@ class Orpo(StageKind):
 
         stage, cfg = ctx.stage, ctx.cfg
         tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
-        pairs = load_mixture(stage.mixture, cfg).shuffle(seed=cfg.seed)
+        pairs = load_mixture(data_source(stage), cfg).shuffle(seed=cfg.seed)
         args = self.trainer_args(stage, ctx.work_dir, cfg.seed, cfg.model.precision, cfg)
         trainer = ORPOTrainer(model=load_model(ctx.input_model, cfg.model), args=args, train_dataset=pairs,
                               processing_class=tok, peft_config=lora_config(stage))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError
-from pipeline.settings import Columns, StageKind, StageSettings, arg
+from pipeline.settings import StageKind, StageSettings, arg
 
 if TYPE_CHECKING:
     from pipeline.rl.actor_critic import PPOLoop, ValueModel
@@ -65,8 +65,8 @@ class Rl(StageKind):
 
     generates = True
 
-    def columns(self, stage: Any) -> Columns:
-        return [("prompt",)] if stage.reward == "model" else [("prompt", "answer")]
+    def formats(self, stage: Any) -> list[str]:
+        return ["prompt-only"] if stage.reward == "model" else ["prompt with answer"]
 
     def check(self, cfg: Any, name: str) -> None:
         if cfg[name].reward != "model":

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.settings import Columns, StageKind, StageSettings, arg
+from pipeline.settings import StageKind, StageSettings, arg, data_source
 
 log = logging.getLogger("pipeline")
 
@@ -32,8 +32,8 @@ class Reward(StageKind):
     help, model_class, pairs = "a reward model for ppo / grpo", "classifier", True
     defaults = {"learning_rate": 1e-5}  # noqa: RUF012
 
-    def columns(self, stage: Any) -> Columns:
-        return [("chosen", "rejected")]
+    def formats(self, stage: Any) -> list[str]:
+        return ["preference"]
 
     def trainer_args(self, stage: Any, work_dir: Any, seed: int, precision: str, run: Any = None) -> Any:
         return reward_args(stage, work_dir, seed, precision, run)
@@ -82,16 +82,16 @@ def run(ctx: Any) -> dict:
     """Train the input checkpoint as a reward model into `ctx.out_dir/model`; return its held-out pair accuracy."""
     from trl import RewardTrainer
 
-    from pipeline.data.mixtures import load_mixture
+    from pipeline.data.mixtures import load_mixture, source_name
     from pipeline.train.distributed import is_main
     from pipeline.train.models import load_model, load_tokenizer
     from pipeline.train.trainer import fit, lora_config
 
     stage, cfg = ctx.stage, ctx.cfg
     tok = load_tokenizer(ctx.input_model, cfg.model, need_template=True)
-    data = load_mixture(stage.mixture, cfg)
+    data = load_mixture(data_source(stage), cfg)
     if not {"chosen", "rejected"} <= set(data.column_names):
-        raise ConfigError(f"reward mixture '{stage.mixture}' needs `chosen` and `rejected`; it has "
+        raise ConfigError(f"reward {source_name(data_source(stage))} needs `chosen` and `rejected`; it has "
                           f"{sorted(data.column_names)}")
     held = min(200, max(1, len(data) // 10))
     split = data.train_test_split(test_size=held, seed=cfg.seed, shuffle=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.settings import Columns, StageKind, StageSettings, arg
+from pipeline.settings import StageKind, StageSettings, arg, data_source
 
 log = logging.getLogger("pipeline")
 
@@ -45,8 +45,9 @@ class Sft(StageKind):
     name, settings, trl_config, order = "sft", SftSettings, "trl:SFTConfig", 10
     help = "supervised fine-tuning (chat)"
 
-    def columns(self, stage: Any) -> Columns:
-        return [("messages",)] if stage.format == "chat" else [("text",), ("messages",)]
+    def formats(self, stage: Any) -> list[str]:
+        chats = ["conversational", "prompt-completion"]
+        return chats if stage.format == "chat" else ["language modeling", *chats]
 
     def check(self, cfg: Any, name: str) -> None:
         if cfg[name].assistant_only_loss and cfg[name].format != "chat":
@@ -71,9 +72,9 @@ def check_columns(dataset: Any, stage: Any, tok: Any, name: str) -> None:
     """Refuse data that cannot feed this stage's format, before the model loads."""
     cols = set(dataset.column_names)
     if stage.format == "chat" and "messages" not in cols:
-        raise ConfigError(f"stage '{name}' (format chat) needs a `messages` column; its mixture gives {sorted(cols)}")
+        raise ConfigError(f"stage '{name}' (format chat) needs a `messages` column; its data gives {sorted(cols)}")
     if stage.format == "text" and "text" not in cols:
-        raise ConfigError(f"stage '{name}' (format text) needs `text` or `messages`; its mixture gives {sorted(cols)}")
+        raise ConfigError(f"stage '{name}' (format text) needs `text` or `messages`; its data gives {sorted(cols)}")
 
 
 def check_lengths(dataset: Any, stage: Any, name: str) -> int:
@@ -146,7 +147,7 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
 
 
 def run(ctx: Any) -> dict:
-    """Train the input checkpoint on the stage's mixture; the result lands in `ctx.out_dir/model`."""
+    """Train the input checkpoint on the stage's data or mixture; the result lands in `ctx.out_dir/model`."""
     from pipeline.config import cache_dir
     from pipeline.data import chat
     from pipeline.data.mixtures import load_mixture
@@ -156,7 +157,7 @@ def run(ctx: Any) -> dict:
     render = None
     if ctx.stage.format == "text" and tok.chat_template:
         def render(row: dict) -> str:
-            return chat.render(tok, row["messages"], row.get("chat_template_kwargs"))
-    dataset = load_mixture(ctx.stage.mixture, ctx.cfg, render)
+            return chat.render(tok, row["messages"], row.get("chat_template_kwargs"), tools=row.get("tools"))
+    dataset = load_mixture(data_source(ctx.stage), ctx.cfg, render)
     return train(ctx.stage, ctx.cfg.model, ctx.input_model, tok, dataset, ctx.out_dir, ctx.cfg.seed,
                  cache_dir(ctx.cfg), ctx.cfg)
