@@ -55,3 +55,19 @@ def test_a_gate_on_a_metric_better_lower_judges_the_change_turned_round():
     ceiling = judge(OmegaConf.structured(GateConfig(metric=gate.metric, min=1.2)), {gate.metric: 1.3}, None,
                     higher=False)
     assert not ceiling["passed"] and "1.3000 > min 1.2000 (lower is better" in ceiling["reason"]
+
+
+def test_before_the_run_each_gate_states_its_sight_at_the_most_noise():
+    from pipeline.chain.plan import build
+    from pipeline.config import load_config
+
+    cfg = load_config(["recipe=smollm2_cpu"])
+    gates = {s["stage"]: s["gate"] for s in build(cfg)["stages"] if "gate" in s}
+    assert gates["sft"]["n"] == 150 and gates["dpo"]["n"] == 75  # eval.limit 150; the sweep's gate judges half
+    assert gates["sft"]["assumed"] and gates["sft"]["rate"] == power.ASSUMED_RATE
+    assert gates["sft"]["detectable"] == pytest.approx(power.detectable(150, 0.5))
+    assert gates["sft"]["blind"].startswith("max_drop 0.020 is below")
+    tiny = load_config(["recipe=tiny", "eval.limit={tiny_gsm_val: 150}",
+                        "dpo.gate.metric=tiny_gsm_val_bpb/bits_per_byte,none"])
+    assert power.before_run(tiny, "sft")["n"] == 150  # 150 of the 300 validation problems, by eval.limit
+    assert "continuous metric over n=150" in power.before_run(tiny, "dpo")["text"]  # half of its 300

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.chain.basemodel import architecture
 from pipeline.config import ConfigError, grid, kind_of, sweeps
 from pipeline.data.mixtures import load_spec, source_name, stage_mixtures
+from pipeline.evaluation import power
 from pipeline.runfolder import RunPaths, model_dir, run_dir, stage_dir
 from pipeline.settings import data_source
 from pipeline.train.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
@@ -135,6 +136,10 @@ def _stages(cfg: DictConfig, root: Path, model: dict, flops_per_s: float) -> lis
                "output": str(model_dir(out)), "datasets": _datasets(cfg, name), "tokens": tokens,
                "tokens_basis": basis}
         _estimate(cfg, name, row, model, flops_per_s)
+        sight = power.before_run(cfg, name)
+        if sight:
+            row["gate"] = {"metric": cfg[name].gate.metric, "test": cfg[name].gate.test,
+                           "max_drop": cfg[name].gate.max_drop, **sight}
         stages.append(row)
         previous = row["output"]
     return stages
@@ -218,6 +223,12 @@ def report(cfg: DictConfig, sources: dict[str, str] | None = None) -> str:
                 extra.append(f"merge with {sw['merge']['stage']} at weight {sw['merge']['weight']:g}")
             extra.append(f"selected by {sw['selected_by'] or 'the only candidate'}")
             lines.append(f"             {'; '.join(extra)}")
+        if "gate" in s:
+            g = s["gate"]
+            drop = f" max_drop {g['max_drop']:g}" if g["max_drop"] is not None else ""
+            lines.append(f"    gate:    {g['metric']} ({g['test']}{drop}): {g['text']}")
+            if g.get("blind"):
+                lines.append(f"             may not see what it judges: {g['blind']}")
         tokens = f"{s['tokens']:.3g}" if s["tokens"] else "?"
         lines.append(f"    tokens:  {tokens} ({s['tokens_basis']})")
         if "gpu_hours" in s:

@@ -33,6 +33,7 @@ from pipeline.data import chat, formats
 from pipeline.data import mixtures as data
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
+from pipeline.evaluation import power
 from pipeline.generation import engines
 from pipeline.settings import passed_through
 from pipeline.train import precision
@@ -70,6 +71,7 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
     if problems:
         raise ConfigError(f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
     warn_test_split_gates(cfg, tasks_dir)
+    gate_power(cfg)
     return decisions  # type: ignore[return-value]
 
 
@@ -273,6 +275,18 @@ def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
                 raise ConfigError(f"'{name}.gate.{key}' is '{metric}', which the stage's eval does not produce"
                                   f"{did_you_mean(metric, produced)} (eval tasks {ev['tasks']} produce: "
                                   f"{', '.join(listed) or 'nothing'})")
+
+
+def gate_power(cfg: DictConfig) -> None:
+    """Say what each gate can see before its input is scored (`power.before_run`, at the most noise); warn about one
+    that may not see what it judges. The chain recomputes it on the input's real scores."""
+    for name in _enabled(cfg):
+        sight = power.before_run(cfg, name)
+        if sight and sight.get("blind"):
+            log.warning("the gate of stage %s may not see what it judges: %s; it %s (recomputed once its input is "
+                        "scored)", name, sight["blind"], sight["text"])
+        elif sight:
+            log.info("the gate of stage %s %s", name, sight["text"])
 
 
 def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:

@@ -18,7 +18,7 @@ import logging
 import os
 import string
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,23 +171,6 @@ def expected_metrics(ev: dict, tasks_dir: Path) -> set[str]:
         return set()
     tm = check_tasks(ev, tasks_dir)
     return set().union(*(_produced(tm, task) for task in ev["tasks"]))
-
-
-# problems per shipped task, as published (GSM8K's test set; the validation slice of tasks/gsm8k_validation.py)
-SIZES = {"gsm8k_local": 1319, "gsm8k_local_bpb": 1319, "gsm8k_local_val": 500, "gsm8k_local_val_bpb": 500}
-
-
-def problem_count(cfg: DictConfig, ev: dict, task: str) -> int | None:
-    """How many problems `ev` scores of `task`, known before it runs: the shipped and the extension's tasks' sizes,
-    cut by `eval.limit` (a count, a fraction below 1, or a mapping task -> either); None when not known."""
-    size = SIZES.get(task) or extension.task_sizes(cfg).get(task)
-    limit = ev.get("limit")
-    limit = limit.get(task) if isinstance(limit, Mapping) else limit
-    if limit is None:
-        return size
-    if limit < 1:
-        return round(size * limit) if size else None
-    return min(int(limit), size) if size else int(limit)
 
 
 def split_of(task_config: dict) -> str:

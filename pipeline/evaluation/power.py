@@ -19,22 +19,32 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
 from scipy import optimize
 from scipy.stats import norm
+
+from pipeline import extension
+from pipeline.config import sweeps
 
 ALPHA, POWER = 0.05, 0.80  # one-sided, as the gates' bounds
 EDGE = 5  # fewer expected right (or wrong) answers than this: the metric sits at its floor (or ceiling)
 ASSUMED_RATE = 0.5  # the input's score before it is scored: the most noise a 0/1 metric can have
+BINARY = ("exact_match", "acc", "acc_norm")  # metrics scored 0 or 1 per problem; others are continuous
+# problems per shipped task, as published (GSM8K's test set; the validation slice of tasks/gsm8k_validation.py)
+SIZES = {"gsm8k_local": 1319, "gsm8k_local_bpb": 1319, "gsm8k_local_val": 500, "gsm8k_local_val_bpb": 500}
 
 
 def detectable(n: int, rate: float | None = None, sd: float | None = None) -> float:
     """The smallest true change a one-sided 5% paired test over `n` problems detects with 80% power: of a 0/1
     metric at score `rate`, or of a continuous one with per-problem SD `sd`; inf when no change can be."""
     za, zb = norm.ppf(1 - ALPHA), norm.ppf(POWER)
+    if n < 2:
+        return math.inf
     if sd is not None:
-        return (za + zb) * sd / math.sqrt(n) if n > 0 else math.inf
+        return (za + zb) * sd / math.sqrt(n)
     r = min(max(rate if rate is not None else ASSUMED_RATE, 0.5 / n), 1 - 0.5 / n)
     psi = 2 * r * (1 - r)
 
@@ -75,3 +85,41 @@ def sight(gate: Any, values: dict[int, float]) -> dict | None:
     change = detectable(n, rate, None if binary else (statistics.stdev(scores) if n > 1 else 0.0))
     return {"detectable": change, "n": n, "rate": rate, "blind": blind(gate.test, gate.max_drop, change, n, rate),
             "text": describe(change, n, rate, assumed=False)}
+
+
+def before_run(cfg: Any, name: str) -> dict | None:
+    """What the gate of stage `name` can see before its input is scored (`planned`); None without a gate."""
+    gate = cfg[name].gate
+    if not gate.metric:
+        return None
+    limit = cfg[name].eval.limit if cfg[name].eval.limit is not None else cfg.eval.limit
+    limit = OmegaConf.to_container(limit) if isinstance(limit, DictConfig) else limit
+    n = problem_count(cfg, {"limit": limit}, gate.metric.partition("/")[0])
+    return planned(gate, n, halved=bool(sweeps(cfg[name])))
+
+
+def problem_count(cfg: Any, ev: dict, task: str) -> int | None:
+    """How many problems `ev` scores of `task`, known before it runs: the shipped and the extension's tasks' sizes,
+    cut by `eval.limit` (a count, or a mapping task -> count; 0 or absent: all); None when not known."""
+    size = SIZES.get(task) or extension.task_sizes(cfg).get(task)
+    limit = ev.get("limit")
+    limit = limit.get(task) if isinstance(limit, Mapping) else limit
+    if not limit:  # None or 0: every problem
+        return size
+    return min(int(limit), size) if size else int(limit)
+
+
+def planned(gate: Any, n: int | None, halved: bool) -> dict:
+    """What `gate` can see before its input is scored, over the `n` problems of its task (half of them, `halved`,
+    when a sweep selects on the other half): {detectable, n, rate, assumed, blind, text}, at the assumed input
+    score `ASSUMED_RATE`; for a continuous metric, or an unknown n, only a note."""
+    metric = gate.metric.partition("/")[2].partition(",")[0]
+    if n is None:
+        return {"n": None, "text": "n unknown before its task is loaded: computed once its input is scored"}
+    n = n // 2 if halved else n
+    if metric not in BINARY:
+        return {"n": n, "text": f"a continuous metric over n={n}: its sight is known once its input is scored"}
+    change = detectable(n, ASSUMED_RATE)
+    return {"detectable": change, "n": n, "rate": ASSUMED_RATE, "assumed": True,
+            "blind": blind(gate.test, gate.max_drop, change, n, None),
+            "text": describe(change, n, ASSUMED_RATE, assumed=True)}
