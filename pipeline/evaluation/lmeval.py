@@ -31,7 +31,7 @@ from pipeline.evaluation import lmeval_fast, stats
 from pipeline.files import write_text
 from pipeline.generation import engines, generator
 from pipeline.runfolder import remember, samples_file
-from pipeline.train.models import engine_args
+from pipeline.train.models import engine_args, load_tokenizer
 
 log = logging.getLogger("pipeline")
 TASK_TEMPLATES = Path(__file__).resolve().with_name("tasks")
@@ -254,6 +254,7 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
             log_samples=True, random_seed=0, numpy_random_seed=1234, torch_random_seed=1234,
             fewshot_random_seed=1234,
         )
+    mark_stops(results, model_path, model_cfg, ev)
     metrics, stderr = {}, {}
     for task, values in results["results"].items():
         for key, value in values.items():
@@ -281,6 +282,29 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
         "backend": "vllm" if vllm else "hf",
         "wall_time_s": round(time.time() - started, 2),
     }
+
+
+def mark_stops(results: dict, model_path: str | Path, model_cfg: Any, ev: dict) -> None:
+    """Give each generated answer's sample row a metric `stopped`: 1.0 when it ended (a stop sequence, the end of
+    the turn) before the token budget (`eval.max_gen_toks`, else the task's, else lm-eval's 256), 0.0 when the
+    budget cut it; and each generating task the share `stopped,<filter>`. An answer right in format but cut short
+    and one that loops until cut are told apart from one that finished."""
+    configs = results.get("configs", {})
+    generated = {t: rows for t, rows in results.get("samples", {}).items()
+                 if configs.get(t, {}).get("output_type") == "generate_until"}
+    if not generated:
+        return
+    tok = load_tokenizer(model_path, model_cfg, saved=True)
+    for task, rows in generated.items():
+        budget = (ev.get("max_gen_toks") or (configs[task].get("generation_kwargs") or {}).get("max_gen_toks")
+                  or 256)
+        for row in rows:
+            text = row["resps"][0][0] if row.get("resps") and row["resps"][0] else ""
+            row["stopped"] = float(len(tok(text, add_special_tokens=False).input_ids) < budget - 1)
+            row["metrics"] = [*row.get("metrics", []), "stopped"]
+        for filt in {row.get("filter", "none") for row in rows}:
+            mine = [row["stopped"] for row in rows if row.get("filter", "none") == filt]
+            results["results"].setdefault(task, {})[f"stopped,{filt}"] = sum(mine) / len(mine)
 
 
 @contextlib.contextmanager

@@ -18,8 +18,9 @@ from pathlib import Path
 from pipeline.evaluation import stats
 from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, recall, stage_folders
 
-COLUMNS = ("checkpoint", "validation", "test", "\u0394 test [95% CI], p (test, problems gained / lost, n)",
-           "gate (the smallest change it detects)", "train time")
+COLUMNS = ("checkpoint", "validation", "test", "test strict / flexible / answers stopped",
+           "\u0394 test [95% CI], p (test, problems gained / lost, n)", "gate (the smallest change it detects)",
+           "train time")
 SWEEP_COLUMNS = ("selection half", "\u0394 vs input on it [95% CI], p",  # after the candidate and its settings
                  "told apart from the selected on it?")
 
@@ -56,7 +57,8 @@ def stage_row(folder: Path, record: StageRecord, validation: str | None, test: s
     row = {"checkpoint": folder.name, "stage": record.stage, "selected": record.selected,
            "model": record.output_model, "validation": record.scores().get(validation),
            "test": record.scores().get(test), "gate": (record.gate or {}).get("verdict"),
-           "sight": (record.gate or {}).get("sight"), "train_s": record.wall_time_s}
+           "sight": (record.gate or {}).get("sight"), "train_s": record.wall_time_s,
+           "formats": formats(record.scores(), test)}
     source = earlier = input_stage(folder) if folder.name != BASE and row["test"] is not None else None
     while earlier is not None and test not in StageRecord.read(earlier).scores():
         earlier = input_stage(earlier) if earlier.name != BASE else None  # its input was not scored on test
@@ -119,6 +121,23 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def formats(scores: dict, metric: str | None) -> dict:
+    """Format against reasoning on `metric`'s task: its strict and flexible exact match and the share of answers
+    that stopped within the token budget (`lmeval.mark_stops`), those it scored."""
+    task = (metric or "").partition("/")[0]
+    names = {"strict": "exact_match,strict-match", "flexible": "exact_match,flexible-extract",
+             "stopped": "stopped,strict-match"}
+    return {k: scores[f"{task}/{v}"] for k, v in names.items() if f"{task}/{v}" in scores}
+
+
+def _formats(row: dict) -> str:
+    f = row.get("formats") or {}
+    if not f:
+        return ""
+    stopped = f"{f['stopped']:.0%}" if "stopped" in f else "?"
+    return f"{_num(f.get('strict')) or '?'} / {_num(f.get('flexible')) or '?'} / {stopped}"
+
+
 def _gate(row: dict) -> str:
     """The gate's verdict and the smallest change it detects: `pass (sees \u00b10.033)`, `warn (sees \u00b10.041;
     blind)`."""
@@ -133,7 +152,7 @@ def cells(row: dict) -> list[str]:
     """A stage row as the text of the `COLUMNS`."""
     name = row["checkpoint"] + (f" ({row['selected']})" if row.get("selected") else "")
     versus = f" vs {row['vs']}" if row.get("vs") else ""
-    return [name, _num(row["validation"]), _num(row["test"]), _change(row.get("vs_input")) + versus,
+    return [name, _num(row["validation"]), _num(row["test"]), _formats(row), _change(row.get("vs_input")) + versus,
             _gate(row), _duration(row.get("train_s"))]
 
 
