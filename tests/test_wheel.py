@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import site
 import subprocess
@@ -120,13 +121,27 @@ print(*config_options("zero3", None))
                                "--deepspeed_config_file", str(where / "recipes/accelerate/zero3.json")]
 
 
+def quickstart() -> list[list[str]]:
+    """The commands of the README's Quickstart: one list of command lines per fenced bash block."""
+    section = (ROOT / "README.md").read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    return [[line.split("#", 1)[0].strip() for line in b.splitlines() if line.split("#", 1)[0].strip()] for b in blocks]
+
+
+def test_the_quickstart_is_two_blocks_whose_last_commands_the_tests_run():
+    first, second = quickstart()  # exactly two
+    assert first[-1] == "smol-pipeline recipe=tiny"  # what tiny_chain runs, from the installed wheel
+    assert second[-1] == (ROOT / ".ci/run").read_text().strip().splitlines()[-1]  # what CI runs
+
+
 @pytest.fixture(scope="module")
 def tiny_chain(venv, elsewhere, tmp_path_factory, cache_dir):
-    """The FAST chain through the installed `smol-pipeline`, from outside the checkout: (run folder, arguments, the
-    process)."""
+    """The README's first Quickstart command, through the installed `smol-pipeline` from outside the checkout, with
+    the FAST settings: (run folder, arguments, the process)."""
     out = tmp_path_factory.mktemp("runs")
-    args = ["recipe=tiny", f"output_root={out}", f"cache_dir={cache_dir}", *FAST]
-    proc = installed(venv, elsewhere, "smol-pipeline", *args)
+    command, *readme_args = shlex.split(quickstart()[0][-1])
+    args = [*readme_args, f"output_root={out}", f"cache_dir={cache_dir}", *FAST]
+    proc = installed(venv, elsewhere, command, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "tiny", args, proc
 
