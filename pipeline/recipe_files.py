@@ -28,8 +28,9 @@ LOCAL = ("hub_mirror", "model.chat_template", "eval.include_path", "eval.gsm8k_d
 # keys that may hold a path, or a Hub id, a stage's or an extension's name, or a folder the run makes: only a
 # path written ./x or ../x is the recipe's
 MARKED = ("output_root", "cache_dir", "model.name_or_path", "model.tokenizer")
-# the same within a stage section (`<stage>.KEY`); a mixture is a path when it ends .yaml / .yml, else a name
-STAGE_LOCAL = ("eval.include_path", "eval.gsm8k_dir", "mixture", "on_policy.mixture")
+# the same within a stage section (`<stage>.KEY`); a mixture is a path when it ends .yaml / .yml, else a name;
+# `data` (a file, a folder or a Hub id) is the recipe's when written ./x or ../x or when it exists there
+STAGE_LOCAL = ("eval.include_path", "eval.gsm8k_dir", "mixture", "on_policy.mixture", "data")
 STAGE_MARKED = ("reward_model",)
 
 
