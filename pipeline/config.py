@@ -561,7 +561,7 @@ def _validate_repo(repo: str) -> None:
         return
     if repo in ("True", "False"):
         raise ConfigError(f"push_to_hub takes the Hub repository to push to, not {repo.lower()}: push_to_hub=ORG/NAME "
-                          "(e.g. push_to_hub=me/smol-tiny); hub_model_id is gone")
+                          "(e.g. push_to_hub=me/my-model); hub_model_id is gone")
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:

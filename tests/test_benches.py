@@ -68,7 +68,8 @@ def check_gain(stdout: str) -> None:
         f"{stage} {metric}" for stage in ("01-sft", "02-dpo") for metric in ("strict-match", "flexible-extract")]
     diff = r"[+-]\d\.\d{3}"
     for line in lines:
-        assert re.search(rf": \d\.\d{{3}} \(n={PROBLEMS}\), vs base {diff} \[{diff}, {diff}\], p \S+$", line), line
+        assert re.search(rf": \d\.\d{{3}} \(n={PROBLEMS}\), vs base {diff} \[{diff}, {diff}\], p\S+ \(McNemar mid-p, "
+                         rf"\+\d+ / -\d+, n={PROBLEMS}\)$", line), line
 
 
 def check_generation(stdout: str) -> None:

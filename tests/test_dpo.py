@@ -72,20 +72,22 @@ def test_candidates_are_scored_on_validation_only_and_the_selected_model_on_ever
     dpo = run / "stages/03-dpo"
     for cand in (dpo / "candidates").iterdir():
         record = json.loads((cand / "stage.json").read_text())
-        assert {m.partition("/")[0] for m in record["eval"]["metrics"]} == {"tiny_gsm_val"}
-        assert sorted(p.name for p in (cand / "eval").glob("samples_*")) == ["samples_tiny_gsm_val.jsonl"]
+        # the gate's task and the tie-break's (the recipe's tiny_gsm_val_bpb, not in eval.tasks here)
+        assert {m.partition("/")[0] for m in record["eval"]["metrics"]} == {"tiny_gsm_val", "tiny_gsm_val_bpb"}
+        assert sorted(p.name for p in (cand / "eval").glob("samples_*")) == ["samples_tiny_gsm_val.jsonl",
+                                                                            "samples_tiny_gsm_val_bpb.jsonl"]
     stage = json.loads((dpo / "stage.json").read_text())
-    assert {m.partition("/")[0] for m in stage["eval"]["metrics"]} == {"tiny_gsm_val", "tiny_gsm"}
-    assert sorted(p.name for p in (dpo / "eval").glob("samples_*")) == ["samples_tiny_gsm.jsonl",
-                                                                       "samples_tiny_gsm_val.jsonl"]
+    assert {m.partition("/")[0] for m in stage["eval"]["metrics"]} == {"tiny_gsm_val", "tiny_gsm_val_bpb", "tiny_gsm"}
+    assert sorted(p.name for p in (dpo / "eval").glob("samples_*")) == [
+        "samples_tiny_gsm.jsonl", "samples_tiny_gsm_val.jsonl", "samples_tiny_gsm_val_bpb.jsonl"]
     # validation: the selected candidate's own scoring, not a second one; only the test task is scored again
     chosen = dpo / "candidates" / stage["metrics"]["selected"]
     picked = json.loads((chosen / "stage.json").read_text())["eval"]
-    assert {k: v for k, v in stage["eval"]["metrics"].items() if k.startswith("tiny_gsm_val/")} == picked["metrics"]
-    samples = "eval/samples_tiny_gsm_val.jsonl"
-    assert (dpo / samples).read_text() == (chosen / samples).read_text()
+    assert {k: v for k, v in stage["eval"]["metrics"].items() if k.startswith("tiny_gsm_val")} == picked["metrics"]
+    for samples in ("eval/samples_tiny_gsm_val.jsonl", "eval/samples_tiny_gsm_val_bpb.jsonl"):
+        assert (dpo / samples).read_text() == (chosen / samples).read_text()
     assert stage["eval"]["settings"]["tasks"] == ["tiny_gsm_val", "tiny_gsm"]
-    assert f"tiny_gsm_val taken from candidate {stage['metrics']['selected']}'s" in proc.stderr
+    assert f"tiny_gsm_val, tiny_gsm_val_bpb taken from candidate {stage['metrics']['selected']}'s" in proc.stderr
     scored = [line for line in proc.stderr.splitlines() if re.search(r"03-dpo (scored in|scores reused)", line)]
     assert len(scored) == 1 and "tiny_gsm exact_match" in scored[0] and "tiny_gsm_val" not in scored[0]
 

@@ -41,7 +41,8 @@ def test_the_demo_adds_its_section_tasks_and_data(tmp_path):
     cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", "tiny.test_examples=7"])
     assert cfg.extension == "pipeline.tiny" and cfg.tiny.test_examples == 7
     tasks = write_tasks(cfg, tmp_path / "tasks")
-    assert {p.name for p in tasks.glob("tiny*")} == {"tiny_gsm.yaml", "tiny_gsm_val.yaml"}
+    assert {p.name for p in tasks.glob("tiny*")} == {"tiny_gsm.yaml", "tiny_gsm_val.yaml", "tiny_gsm_bpb.yaml",
+                                                        "tiny_gsm_val_bpb.yaml"}
     test_file = re.search(r"test: (\S+)", (tasks / "tiny_gsm.yaml").read_text()).group(1)
     assert len(Path(test_file).read_text().splitlines()) == 7
 

@@ -435,7 +435,7 @@ def _scored(run: Run, d: StageDecision, ev: dict, earlier: dict | None, metrics:
     """The stage model scored on `ev`'s tasks. Those its sweep already scored it on, with the same settings
     (`earlier`: the selected candidate's evaluation), are taken from there, samples included, not scored again."""
     same = earlier and {**earlier["settings"], "tasks": ev["tasks"]} == ev
-    done = [t for t in _tasks(earlier) if t in ev["tasks"]] if same else []
+    done = _tasks(earlier) if same else []  # the tie-break's task too, when the stage's eval does not list it
     rest = run.evaluate(model_dir(d.dir), {**ev, "tasks": [t for t in ev["tasks"] if t not in done]},
                         samples_dir(d.dir))
     if not (done and run.main):
