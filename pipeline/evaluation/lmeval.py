@@ -285,10 +285,10 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
 
 
 def mark_stops(results: dict, model_path: str | Path, model_cfg: Any, ev: dict) -> None:
-    """Give each generated answer's sample row a metric `stopped`: 1.0 when it ended (a stop sequence, the end of
-    the turn) before the token budget (`eval.max_gen_toks`, else the task's, else lm-eval's 256), 0.0 when the
-    budget cut it; and each generating task the share `stopped,<filter>`. An answer right in format but cut short
-    and one that loops until cut are told apart from one that finished."""
+    """Give each generated answer's sample row (under the task's first answer filter) a metric `stopped`: 1.0 when
+    it ended (a stop sequence, the end of the turn) before the token budget (`eval.max_gen_toks`, else the task's,
+    else lm-eval's 256), 0.0 when the budget cut it; and each generating task the share `stopped,<filter>`. An
+    answer cut short, or one that loops until cut, is told apart from one that finished."""
     configs = results.get("configs", {})
     generated = {t: rows for t, rows in results.get("samples", {}).items()
                  if configs.get(t, {}).get("output_type") == "generate_until"}
@@ -298,13 +298,13 @@ def mark_stops(results: dict, model_path: str | Path, model_cfg: Any, ev: dict) 
     for task, rows in generated.items():
         budget = (ev.get("max_gen_toks") or (configs[task].get("generation_kwargs") or {}).get("max_gen_toks")
                   or 256)
-        for row in rows:
+        first = rows[0].get("filter", "none")  # the same answer under every filter: counted under the first
+        mine = [row for row in rows if row.get("filter", "none") == first]
+        for row in mine:
             text = row["resps"][0][0] if row.get("resps") and row["resps"][0] else ""
             row["stopped"] = float(len(tok(text, add_special_tokens=False).input_ids) < budget - 1)
             row["metrics"] = [*row.get("metrics", []), "stopped"]
-        for filt in {row.get("filter", "none") for row in rows}:
-            mine = [row["stopped"] for row in rows if row.get("filter", "none") == filt]
-            results["results"].setdefault(task, {})[f"stopped,{filt}"] = sum(mine) / len(mine)
+        results["results"].setdefault(task, {})[f"stopped,{first}"] = sum(r["stopped"] for r in mine) / len(mine)
 
 
 @contextlib.contextmanager

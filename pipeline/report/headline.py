@@ -125,9 +125,10 @@ def formats(scores: dict, metric: str | None) -> dict:
     """Format against reasoning on `metric`'s task: its strict and flexible exact match and the share of answers
     that stopped within the token budget (`lmeval.mark_stops`), those it scored."""
     task = (metric or "").partition("/")[0]
-    names = {"strict": "exact_match,strict-match", "flexible": "exact_match,flexible-extract",
-             "stopped": "stopped,strict-match"}
-    return {k: scores[f"{task}/{v}"] for k, v in names.items() if f"{task}/{v}" in scores}
+    names = {"strict": "exact_match,strict-match", "flexible": "exact_match,flexible-extract"}
+    out = {k: scores[f"{task}/{v}"] for k, v in names.items() if f"{task}/{v}" in scores}
+    stopped = [v for k, v in scores.items() if k.startswith(f"{task}/stopped,")]
+    return {**out, "stopped": stopped[0]} if stopped else out
 
 
 def _formats(row: dict) -> str:

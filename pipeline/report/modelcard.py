@@ -76,7 +76,8 @@ def _evals(records: list[tuple[str, StageRecord]]) -> list[str]:
     lines = ["| checkpoint | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
     for name, r in records:
         ev = r.eval or {}
-        cells = [f"{ev['metrics'][k]:.4f} +- {ev.get('stderr', {}).get(k, float('nan')):.4f}"
+        stderr = ev.get("stderr", {})
+        cells = [f"{ev['metrics'][k]:.4f}" + (f" +- {stderr[k]:.4f}" if k in stderr else "")
                  if k in ev.get("metrics", {}) else "" for k in metrics]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
