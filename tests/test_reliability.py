@@ -258,7 +258,8 @@ def test_sigkill_during_a_sweep_candidate_keeps_the_finished_ones(tmp_path, cach
 
 def test_sigterm_while_scoring_stops_at_once_and_the_rerun_scores_without_retraining(reference, tmp_path,
                                                                                       cache_dir):
-    args = _args(tmp_path, cache_dir)
+    # eval settings of its own: the reference run's scores of the same weights are not in the cache for these
+    args = _args(tmp_path, cache_dir, "eval.max_gen_toks=128")
     proc = _start(args)
     record = tmp_path / "tiny/stages/01-sft/stage.json"
     _wait_for_status(record, "trained", proc)  # written just before its scoring starts

@@ -336,8 +336,9 @@ def _vllm_lm(model_path: str | Path, ev: dict, fmt: dict, model_cfg: Any) -> Ite
 
 
 def merge(earlier: dict, later: dict, ev: dict) -> dict:
-    """One checkpoint's evaluations on disjoint tasks (`earlier`, then `later`) as one evaluation on `ev`."""
+    """One checkpoint's evaluations on disjoint tasks (`earlier`, then `later`, which may have scored nothing) as
+    one evaluation on `ev`."""
     keyed = ("metrics", "stderr", "samples", "task_configs", "splits", "higher_is_better")
-    return {**later, **{k: {**earlier.get(k, {}), **later.get(k, {})} for k in keyed}, "settings": ev,
-            "fast_generation": earlier.get("fast_generation") is True and later["fast_generation"],
-            "wall_time_s": round(earlier["wall_time_s"] + later["wall_time_s"], 2)}
+    return {**earlier, **later, **{k: {**earlier.get(k, {}), **later.get(k, {})} for k in keyed}, "settings": ev,
+            "fast_generation": earlier.get("fast_generation") is True and later.get("fast_generation", True),
+            "wall_time_s": round(earlier["wall_time_s"] + later.get("wall_time_s", 0.0), 2)}
