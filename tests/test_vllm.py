@@ -103,7 +103,7 @@ def test_cpu_recipe_generates_with_vllm_as_users_type_it(smollm2, tmp_path, cach
         assert "gsm8k_local_val/exact_match,strict-match" in record["eval"]["metrics"]
         # the test set is scored for the base and the final model only
         assert ("gsm8k_local/exact_match,strict-match" in record["eval"]["metrics"]) == (stage != "01-sft"), stage
-    assert "] vs 00-base |" in (run / "leaderboard.md").read_text()  # the final model's Δ test, against the base
+    assert ") vs 00-base |" in (run / "leaderboard.md").read_text()  # the final model's Δ test, against the base
     stats = json.loads((run / "stages" / "02-dpo" / "on_policy_stats.json").read_text())
     assert stats["backend"] == "vllm" and stats["samples"] == 16 and stats["generated_tokens"] > 0
     assert stats["pairs"] > 0 and stats["pairs"] == stats["reference_pairs"] + 4 - stats["all_wrong"] - \
