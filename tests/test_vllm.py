@@ -54,7 +54,10 @@ def test_vllm_evaluation_gives_the_hf_answers_under_the_same_names(smollm2, tmp_
     hf, vllm = results["hf"], results["vllm"]
     assert (hf["backend"], vllm["backend"]) == ("hf", "vllm") and vllm["fast_generation"] is False
     assert set(vllm["metrics"]) == set(hf["metrics"]) == {"gsm8k_local_val/exact_match,strict-match",
-                                                          "gsm8k_local_val/exact_match,flexible-extract"}
+                                                          "gsm8k_local_val/exact_match,flexible-extract",
+                                                          "gsm8k_local_val/stopped,strict-match"}
+    stopped = "gsm8k_local_val/stopped,strict-match"  # the same answers end before the budget alike
+    assert vllm["metrics"][stopped] == hf["metrics"][stopped]
     assert vllm["samples"] == {"gsm8k_local_val": 8} and vllm["prompt_format"] == hf["prompt_format"]
     hf_text, vllm_text = answers(tmp_path / "hf"), answers(tmp_path / "vllm")
     assert len(vllm_text) == 8 and all(vllm_text.values())
