@@ -179,8 +179,7 @@ class Run:
                     previous, scores = (previous[0], before[0]), {**scores, metric: now[0]}
             paired = stats.paired_difference(eval_dir(d.dir.parent / previous[0]), eval_dir(d.dir),
                                              metric, half) if previous else None
-            task, _, key = metric.partition("/")
-            higher = (record.eval.get("higher_is_better") or {}).get(task, {}).get(key.partition(",")[0], True)
+            higher = stats.higher_is_better(record.eval, metric)
             sight = power.sight(self.cfg[d.name].gate, stats.per_problem(eval_dir(d.dir.parent / previous[0]),
                                                                          metric, half)) if previous else None
             if sight and sight["blind"]:

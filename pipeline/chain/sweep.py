@@ -73,13 +73,10 @@ def _value(record: StageRecord, metric: str) -> float:
     """The candidate's `metric` on the selection half of its problems (all of them without per-problem samples),
     signed so that higher is better (lm-eval's `higher_is_better` of the metric, as the candidate's eval records
     it)."""
-    if not metric:
+    value = _half(record, metric)
+    if value is None:
         return float("-inf")
-    half = stats.half_mean(samples_dir(Path(record.output_model).parent), metric, "selection")
-    value = half[0] if half else record.scores().get(metric, float("-inf"))
-    task, _, key = metric.partition("/")
-    higher = ((record.eval or {}).get("higher_is_better") or {}).get(task, {}).get(key.partition(",")[0], True)
-    return value if higher else -value
+    return value if stats.higher_is_better(record.eval, metric) else -value
 
 
 def _rank(record: StageRecord, metric: str, tie_break: str) -> tuple[float, float]:

@@ -43,6 +43,13 @@ def problem_scores(text: str) -> dict[str, dict[int, float]]:
     return out
 
 
+def higher_is_better(result: dict | None, metric: str) -> bool:
+    """Whether `metric` (`<task>/<metric>,<filter>`) is better higher, as the eval `result` records lm-eval's
+    `higher_is_better` (true when it does not say)."""
+    task, _, key = metric.partition("/")
+    return ((result or {}).get("higher_is_better") or {}).get(task, {}).get(key.partition(",")[0], True)
+
+
 def per_problem(eval_dir: Path, metric: str, half: str | None = None) -> dict[int, float]:
     """`{doc_id: value}` of `metric` (`<task>/<metric>,<filter>`) in `eval_dir/samples_<task>.jsonl` (read once
     while a `runfolder.RunState` is held), only the problems of `half` (`HALVES`) when given; empty when the file
