@@ -158,3 +158,13 @@ def test_a_gate_that_cannot_see_warns_and_under_strict_gates_stops_with_exit_2(c
     code, _, fake = chain({"sft": 0.5, "midtrain": 0.5}, "midtrain.gate.max_drop=0.01", "strict_gates=true",
                           f"output_root={run.parent.parent / 'strict'}")
     assert code == 2 and [name for name, _ in fake.trained] == ["sft"]
+
+
+def test_a_second_run_on_the_same_weights_takes_their_scores_from_the_cache(chain):
+    code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 0
+    code, _, again = chain({"sft": 0.5, "midtrain": 0.75}, f"output_root={run.parent.parent / 'other'}")
+    other = run.parent.parent / "other" / "tiny"  # a second run folder, the same cache
+    assert code == 0 and len(again.trained) == 2 and again.scored == []  # trained anew, not scored
+    assert _record(other, "02-midtrain")["eval"]["metrics"][GATE] == 0.75
+    assert (other / "pipeline.log").read_text().count("scores reused: the same weights were scored the same way") == 3
