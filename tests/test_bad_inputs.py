@@ -128,6 +128,12 @@ def cases(tmp: Path, base: Path) -> dict[str, tuple[list[str], str]]:
         "sweep with an empty grid": (["stages=[dpo]", "dpo.sweep.beta=[]"], "empty grid"),
         "dpo sweep without a metric to pick by": (["stages=[sft,dpo]", "dpo.gate.metric="], "picks its model among 4"),
         "gate metric the eval does not produce": (["sft.gate.metric=tiny_gsm/acc,none"], "does not produce"),
+        "0/1 metric given a floor above 1": (["sft.gate.min=1.5"],
+                                             "'sft.gate': min 1.5 lies outside [0, 1], the values exact_match takes"),
+        "continuous metric given a share's negative floor": (
+            ["eval.tasks=[tiny_gsm_bpb]", "sft.gate.metric=tiny_gsm_bpb/bits_per_byte,none", "sft.gate.min=-0.5"],
+            "min -0.5 lies outside [0, inf], the values bits_per_byte takes (a continuous metric)"),
+        "negative allowed drop": (["sft.gate.max_drop=-0.1"], "max_drop -0.1 is not a drop exact_match can make"),
         "ppo rollout batch that minibatches do not divide": (
             ["stages=[ppo]", "ppo.rollout_batch_size=6", "ppo.num_minibatches=4"],
             "ppo.rollout_batch_size=6 must be divisible by ppo.num_minibatches x ppo.gradient_accumulation_steps"),

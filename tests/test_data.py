@@ -48,6 +48,31 @@ def test_gsm8k_loads_through_the_shipped_mixture_from_a_plain_local_copy(tmp_pat
                   "mirror": str(tmp_path / "hub")}
 
 
+def test_remove_deletes_gsm8k_calculator_notes_from_hub_and_file_rows_and_changes_the_fingerprint(tmp_path):
+    copy = tmp_path / "hub" / "openai" / "gsm8k" / "main"
+    copy.mkdir(parents=True)
+    (copy / "train.jsonl").symlink_to(GSM8K)
+    cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", f"hub_mirror={tmp_path / 'hub'}"])
+    notes = r"<<[^>]*>>"
+    hub = {"hub": "openai/gsm8k", "name": "main", "split": "train[:8]", "columns": {"user": "question",
+                                                                                     "assistant": "answer"}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain = load_mixture(_mixture(tmp_path / "a", [hub]), cfg)
+    stripped = load_mixture(_mixture(tmp_path / "b", [{**hub, "remove": [notes]}]), cfg)
+    assert sum("<<" in r["messages"][1]["content"] for r in plain) == 8  # every one of GSM8K's first 8 has notes
+    for before, after in zip(plain, stripped, strict=True):
+        assert after["messages"][1]["content"] == re.sub(notes, "", before["messages"][1]["content"])
+        assert after["messages"][0] == before["messages"][0]  # the question had none
+    (fp,) = fingerprints(_mixture(tmp_path / "b", [{**hub, "remove": [notes]}]), cfg)
+    assert fp["remove"] == [notes]  # a stage trained on other text is not reused
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"text": "3*4=<<3*4=12>>12"}) + "\n")
+    assert load_mixture(_mixture(tmp_path, [{"path": str(rows), "remove": [notes]}]), cfg)[0]["text"] == "3*4=12"
+    with pytest.raises(ConfigError, match=r"source 0: remove pattern '<<\[' is not a regular expression"):
+        fingerprints(_mixture(tmp_path, [{"path": str(rows), "remove": ["<<["]}]), cfg)
+
+
 def test_weights_take_fractions_and_counts(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(10)))

@@ -32,7 +32,7 @@ def gated_run(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("gated")
     # sft's floor cannot be met (a warning verdict, the chain goes on); midtrain's gates always pass; midtrain is
     # scored by stock lm-eval
-    proc = _run(out, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.01",
+    proc = _run(out, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.0",
                 f"midtrain.gate.metric={FLEX}", "midtrain.gate.min=0.0", "midtrain.gate.max_drop=1.0",
                 "midtrain.eval.fast_generation=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -63,7 +63,7 @@ def test_every_checkpoint_is_scored_and_gated(gated_run):
         for metric in (METRIC, FLEX):
             assert ev["metrics"][metric] == pytest.approx(sum(_outcomes(gated_run, stage, metric).values()) / 50)
     sft = json.loads((gated_run / "stages/01-sft/stage.json").read_text())["gate"]
-    assert sft["verdict"] == "warn" and not sft["passed"] and f"{sft['value']:.4f} < min 1.0100" in sft["reason"]
+    assert sft["verdict"] == "warn" and not sft["passed"] and f"{sft['value']:.4f} < min 1.0000" in sft["reason"]
     mid = json.loads((gated_run / "stages/02-midtrain/stage.json").read_text())["gate"]
     assert mid["verdict"] == "pass" and mid["previous"]["checkpoint"] == "01-sft"
     # the drop is judged problem by problem against 01-sft: recompute the paired difference from the samples
@@ -135,9 +135,9 @@ def test_html_renders_in_a_real_browser_at_1280px_without_sideways_scroll(gated_
 
 
 def test_gate_stop_halts_the_chain_with_exit_3(tmp_path, cache_dir):
-    proc = _run(tmp_path, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.01", "sft.gate.action=stop")
+    proc = _run(tmp_path, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.0", "sft.gate.action=stop")
     assert proc.returncode == 3, proc.stderr[-3000:]
-    assert "gate after stage 01-sft" in proc.stderr and "< min 1.0100" in proc.stderr
+    assert "gate after stage 01-sft" in proc.stderr and "< min 1.0000" in proc.stderr
     assert f"chain stopped (leaderboard: {tmp_path / 'tiny/leaderboard.html'})" in proc.stderr
     assert "| 01-sft |" in proc.stderr  # the headline, printed before the stop
     run = tmp_path / "tiny"
@@ -147,7 +147,7 @@ def test_gate_stop_halts_the_chain_with_exit_3(tmp_path, cache_dir):
 
 
 def test_gate_warn_goes_on(tmp_path, cache_dir):
-    proc = _run(tmp_path, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.01", "sft.gate.action=warn")
+    proc = _run(tmp_path, cache_dir, f"sft.gate.metric={METRIC}", "sft.gate.min=1.0", "sft.gate.action=warn")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "tiny/leaderboard.json").read_text())["rows"]
     assert [r["checkpoint"] for r in rows] == ["00-base", "01-sft", "02-midtrain"]

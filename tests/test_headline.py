@@ -89,6 +89,18 @@ def test_headline_reports_each_stage_against_its_input_on_test(run):
     assert cells[3] == f"{test:.3f} / {min(1.0, test + 0.05):.3f} / 90%"  # format against reasoning, side by side
 
 
+def test_after_a_gate_on_a_continuous_metric_the_test_column_is_the_accuracy():
+    bpb = {"gsm_val_bpb/bits_per_byte,none": 0.7, "gsm_bpb/bits_per_byte,none": 0.71}
+    splits = {**SPLITS, "gsm_val_bpb": "validation", "gsm_bpb": "test"}
+    records = [StageRecord(eval={"metrics": {**bpb, VAL: 0.1, TEST: 0.1}}),
+               StageRecord(eval={"metrics": {**bpb, VAL: 0.2, TEST: 0.2}},
+                           gate={"metric": "gsm_val_bpb/bits_per_byte,none"})]
+    assert headline.metrics(records, splits) == ("gsm_val_bpb/bits_per_byte,none", TEST)
+    records[1].eval["metrics"] = {"gsm_val_bpb/bits_per_byte,none": 0.7, "gsm_bpb/bits_per_byte,none": 0.7}
+    records[0].eval["metrics"] = dict(records[1].eval["metrics"])
+    assert headline.metrics(records, splits) == ("gsm_val_bpb/bits_per_byte,none", "gsm_bpb/bits_per_byte,none")
+
+
 def test_a_stage_not_scored_on_test_hands_the_comparison_to_the_checkpoint_before_it(run):
     sft = run / "stages/01-sft"
     (sft / "eval/samples_gsm.jsonl").unlink()

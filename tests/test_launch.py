@@ -24,7 +24,7 @@ SMOL = Path(sys.executable).with_name("smol-pipeline")
 ONE: list[str] = []
 TWO = ["--config_file", str(ROOT / "pipeline/recipes/accelerate/cpu.yaml"), "--num_processes", "2"]
 NO_EVAL = ["eval.tasks=[]", "sft.gate.metric=", "midtrain.gate.metric="]
-GATE = ["stages=[sft]", "sft.max_steps=2", "eval.limit=4", "eval.max_gen_toks=8", "sft.gate.min=1.01",
+GATE = ["stages=[sft]", "sft.max_steps=2", "eval.limit=4", "eval.max_gen_toks=8", "sft.gate.min=1.0",
         "sft.gate.action=stop"]  # an exact-match floor above 1: the gate after sft stops the chain
 
 

@@ -261,8 +261,9 @@ def eval_tasks(cfg: DictConfig, tasks_dir: Path) -> None:
 
 
 def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
-    """Each gate's metric is one its stage's evaluation produces: a metric its tasks report per problem under one of
-    their filters, read from the tasks' configs."""
+    """Each gate's metric is one its stage's evaluation produces (a metric its tasks report per problem under one of
+    their filters, read from the tasks' configs), and its `min` and `max_drop` fit the values it takes
+    (`power.impossible`)."""
     for name in [n for n in _enabled(cfg) if cfg[n].gate.metric]:
         ev, gate = evaluate.settings(cfg, name), cfg[name].gate
         produced = evaluate.expected_metrics(ev, tasks_dir)
@@ -275,6 +276,9 @@ def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
                 raise ConfigError(f"'{name}.gate.{key}' is '{metric}', which the stage's eval does not produce"
                                   f"{did_you_mean(metric, produced)} (eval tasks {ev['tasks']} produce: "
                                   f"{', '.join(listed) or 'nothing'})")
+        problem = power.impossible(gate)
+        if problem:
+            raise ConfigError(f"'{name}.gate': {problem}")
 
 
 def gate_power(cfg: DictConfig) -> None:

@@ -9,7 +9,9 @@ a source column; targets are the columns of TRL's formats (`messages`, `text`, `
 `rejected`, `label`; pipeline/data/formats.py), `answer` (RL's reference), `user` / `assistant` / `system` (a
 single-turn chat built into `messages`), `tools` (JSON schemas of the tools a row's tool calls use) and
 `chat_template_kwargs` (per-row template switches such as SmolLM3's think / no_think, passed to the chat
-template). Without `columns`, every target is taken from the column of its name, when there is one. `weight` <= 1
+template). Without `columns`, every target is taken from the column of its name, when there is one. `remove` lists
+regular expressions deleted from every text the source's columns give (e.g. GSM8K's calculator annotations
+`<<48/2=24>>`: `remove: ["<<[^>]*>>"]`). `weight` <= 1
 takes that fraction of the source's rows, > 1 that many rows (cycling if the source is smaller). Rows are
 shuffled with the mixture seed after mixing.
 
@@ -29,6 +31,7 @@ import itertools
 import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +63,7 @@ class SourceConfig:
     revision: str = "main"
     generator: str = ""
     columns: dict[str, str] = field(default_factory=dict)
+    remove: list[str] = field(default_factory=list)  # regular expressions deleted from every text of a row
     weight: float = 1.0
 
 
@@ -120,6 +124,12 @@ def load_spec(source: str | Data) -> DictConfig:
             raise ConfigError(f"{where} source {i}: unknown target column {bad}; targets: {TARGETS}")
         if src.weight <= 0:
             raise ConfigError(f"{where} source {i}: weight must be > 0, got {src.weight}")
+        for pattern in src.remove:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ConfigError(f"{where} source {i}: remove pattern {pattern!r} is not a regular expression "
+                                  f"({err})") from None
         if src.path and not isinstance(source, Data):  # relative to the mixture's own file, wherever the run starts
             src.path = str(path.resolve().parent / Path(src.path).expanduser())
     return spec
@@ -142,11 +152,12 @@ def stage_mixtures(cfg: DictConfig, stage: str) -> list[str | Data]:
     return [source for source, _, _ in kind_of(cfg, stage).mixtures(cfg[stage])]
 
 
-def _file_rows(file: Path, columns: dict) -> list[dict]:
+def _file_rows(file: Path, src: DictConfig) -> list[dict]:
     """Every row of a local file, normalised; a file is one format (a row of another is refused, naming both)."""
     rows, first = [], None
+    columns, remove = OmegaConf.to_container(src.columns), list(src.remove)
     for where, raw in _read_rows(file):
-        rows.append(normalise(raw, columns, where))
+        rows.append(normalise(raw, columns, where, remove))
         first = first or (where, of_row(rows[0]))
         if of_row(rows[-1]) != first[1]:
             raise ConfigError(f"{where} is {of_row(rows[-1])}, but {first[0]} is {first[1]}: a file holds rows of one "
@@ -168,7 +179,7 @@ def fingerprints(name: str | Data, cfg: DictConfig) -> list[dict]:
     for i, src in enumerate(spec.sources):
         file = _local_file(src, cfg)
         if file is not None:
-            _file_rows(file, OmegaConf.to_container(src.columns))
+            _file_rows(file, src)
         if file is None:
             path = hub_source(src.hub, src.name, [src.split], cfg)["path"]
             mirror = {"mirror": cfg.hub_mirror} if path != src.hub else {}
@@ -179,6 +190,8 @@ def fingerprints(name: str | Data, cfg: DictConfig) -> list[dict]:
             out.append({"generator": src.generator, "split": src.split, "sha256": sha256_file(file)})
         else:
             out.append({"path": src.path, "sha256": sha256_file(file)})
+        if src.remove:
+            out[-1]["remove"] = list(src.remove)
     return out
 
 
@@ -191,8 +204,8 @@ def head(name: str | Data, cfg: DictConfig, rows: int = HEAD_ROWS) -> list[tuple
     for src in load_spec(name).sources:
         file = _local_file(src, cfg)
         found = _read_rows(file, rows) if file is not None else _hub_head(src, cfg, rows)
-        columns = OmegaConf.to_container(src.columns)
-        out += [(where, normalise(row, columns, where)) for where, row in found]
+        columns, remove = OmegaConf.to_container(src.columns), list(src.remove)
+        out += [(where, normalise(row, columns, where, remove)) for where, row in found]
     return out
 
 
@@ -415,7 +428,20 @@ def _tools(value: Any, where: str) -> str | None:
     return json.dumps(remove_none_values(tools))
 
 
-def normalise(row: dict, columns: dict, where: str) -> dict:
+def _removed(value: Any, remove: list[str]) -> Any:
+    """`value` with every match of the `remove` patterns deleted from its text (a string, or the contents of a
+    conversation's messages)."""
+    if isinstance(value, str):
+        for pattern in remove:
+            value = re.sub(pattern, "", value)
+        return value
+    if isinstance(value, list):
+        return [{**m, "content": _removed(m["content"], remove)} if isinstance(m, dict) and "content" in m else m
+                for m in value]
+    return value
+
+
+def normalise(row: dict, columns: dict, where: str, remove: list[str] = ()) -> dict:
     """Map one source row into the target fields; raise `ConfigError` naming `where` if malformed.
 
     Chats are checked (known roles, string contents or tool calls, an assistant turn, none empty). A `prompt`
@@ -424,7 +450,7 @@ def normalise(row: dict, columns: dict, where: str) -> dict:
     is TRL's completion-only loss); with `label` (unpaired preference, KTO) the completion stays apart, as a
     conversation, and the label a boolean; with `chosen` / `rejected` every mix of string and conversational forms
     is brought to the conversational form TRL's DPO accepts (see `_preference`). `tools` is JSON text,
-    `chat_template_kwargs` a dict (None: {}).
+    `chat_template_kwargs` a dict (None: {}). Every match of a `remove` pattern is deleted from the mapped texts.
     """
     if not isinstance(row, dict):
         raise ConfigError(f"{where}: row is not a JSON object")
@@ -434,7 +460,7 @@ def normalise(row: dict, columns: dict, where: str) -> dict:
         if column not in row:
             raise ConfigError(f"{where}: row has no column '{column}' (mapped to '{target}'; "
                               f"row columns: {', '.join(map(str, row))})")
-        out[target] = row[column]
+        out[target] = _removed(row[column], remove) if remove else row[column]
     if "user" in out or "assistant" in out:
         turns = [(r, out.pop(r)) for r in ("system", "user", "assistant") if r in out]
         out["messages"] = [{"role": r, "content": c} for r, c in turns]
@@ -469,10 +495,12 @@ def normalise(row: dict, columns: dict, where: str) -> dict:
     return out
 
 
-def _normalise_batch(batch: dict, indices: list[int], columns: dict, label: str, picked: list[int]) -> dict:
+def _normalise_batch(batch: dict, indices: list[int], columns: dict, remove: list[str], label: str,
+                     picked: list[int]) -> dict:
     """`normalise` over a batch of a Hub split; `picked` maps a position to the split's own row number."""
     rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-    out = [normalise(row, columns, f"{label} row {picked[i] + 1}") for row, i in zip(rows, indices, strict=True)]
+    out = [normalise(row, columns, f"{label} row {picked[i] + 1}", remove)
+           for row, i in zip(rows, indices, strict=True)]
     return {key: [r[key] for r in out] for key in out[0]}
 
 
@@ -514,7 +542,8 @@ def _load_hub(src: DictConfig, i: int, seed: int, cfg: DictConfig) -> Any:
     picked = _pick(len(raw), src.weight, seed + i)
     return raw.select(picked).map(
         _normalise_batch, batched=True, with_indices=True, remove_columns=raw.column_names,
-        fn_kwargs={"columns": OmegaConf.to_container(src.columns), "label": label, "picked": picked})
+        fn_kwargs={"columns": OmegaConf.to_container(src.columns), "remove": list(src.remove), "label": label,
+                   "picked": picked})
 
 
 def load_mixture(name: str | Data, cfg: DictConfig, render: Callable[[dict], str] | None = None):
@@ -531,7 +560,7 @@ def load_mixture(name: str | Data, cfg: DictConfig, render: Callable[[dict], str
         if file is None:
             ds = _load_hub(src, i, spec.seed, cfg)
         else:
-            rows = _file_rows(file, OmegaConf.to_container(src.columns))
+            rows = _file_rows(file, src)
             keys = list(dict.fromkeys(k for row in rows for k in row))  # a key some rows leave out is None there
             ds = datasets.Dataset.from_list([{k: row.get(k) for k in keys} for row in rows],
                                             on_mixed_types="use_json")  # tool calls of every shape, kept as given

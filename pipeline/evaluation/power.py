@@ -33,8 +33,14 @@ ALPHA, POWER = 0.05, 0.80  # one-sided, as the gates' bounds
 EDGE = 5  # fewer expected right (or wrong) answers than this: the metric sits at its floor (or ceiling)
 ASSUMED_RATE = 0.5  # the input's score before it is scored: the most noise a 0/1 metric can have
 BINARY = ("exact_match", "acc", "acc_norm")  # metrics scored 0 or 1 per problem; others are continuous
+RANGES = {**{m: (0.0, 1.0) for m in BINARY}, "bits_per_byte": (0.0, math.inf)}  # the values a known metric takes
 # problems per shipped task, as published (GSM8K's test set; the validation slice of tasks/gsm8k_validation.py)
 SIZES = {"gsm8k_local": 1319, "gsm8k_local_bpb": 1319, "gsm8k_local_val": 500, "gsm8k_local_val_bpb": 500}
+
+
+def measure(metric: str) -> str:
+    """The metric's own name in `<task>/<metric>,<filter>`: `exact_match`, `bits_per_byte`."""
+    return metric.partition("/")[2].partition(",")[0]
 
 
 def detectable(n: int, rate: float | None = None, sd: float | None = None) -> float:
@@ -113,7 +119,7 @@ def planned(gate: Any, n: int | None, halved: bool) -> dict:
     """What `gate` can see before its input is scored, over the `n` problems of its task (half of them, `halved`,
     when a sweep selects on the other half): {detectable, n, rate, assumed, blind, text}, at the assumed input
     score `ASSUMED_RATE`; for a continuous metric, or an unknown n, only a note."""
-    metric = gate.metric.partition("/")[2].partition(",")[0]
+    metric = measure(gate.metric)
     if n is None:
         return {"n": None, "text": "n unknown before its task is loaded: computed once its input is scored"}
     n = n // 2 if halved else n
@@ -123,3 +129,17 @@ def planned(gate: Any, n: int | None, halved: bool) -> dict:
     return {"detectable": change, "n": n, "rate": ASSUMED_RATE, "assumed": True,
             "blind": blind(gate.test, gate.max_drop, change, n, None),
             "text": describe(change, n, ASSUMED_RATE, assumed=True)}
+
+
+def impossible(gate: Any) -> str | None:
+    """Why `gate`'s `min` or `max_drop` cannot fit its metric (a 0/1 metric's share lies in [0, 1], bits per byte
+    is >= 0): a floor outside the metric's range, or an allowed drop below 0 or beyond its range; None when they fit
+    or the metric's range is not known."""
+    metric = measure(gate.metric)
+    low, high = RANGES.get(metric, (-math.inf, math.inf))
+    kind = "a 0/1 metric, scored as a share" if metric in BINARY else "a continuous metric"
+    if gate.min is not None and not low <= gate.min <= high:
+        return f"min {gate.min:g} lies outside [{low:g}, {high:g}], the values {metric} takes ({kind})"
+    if gate.max_drop is not None and not 0 <= gate.max_drop <= high - low:
+        return f"max_drop {gate.max_drop:g} is not a drop {metric} can make ({kind} in [{low:g}, {high:g}])"
+    return None

@@ -6,7 +6,8 @@ interval and p, the gate's verdict, the training time), one sentence per stage, 
 in a table of their own. The leaderboard writes it as Markdown and HTML and the run prints it at its end.
 
 The validation metric is the one the gates judge (else the first on a validation split); the test metric is
-the same metric and filter on a task whose split is `test`.
+the same metric and filter on a task whose split is `test`, except after a gate on a continuous metric (bits per
+byte): then the first 0/1 metric scored on test (the accuracy the report is about), when there is one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.evaluation import stats
+from pipeline.evaluation.power import BINARY, measure
 from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, recall, stage_folders
 
 COLUMNS = ("checkpoint", "validation", "test", "test strict / flexible / answers stopped",
@@ -40,14 +42,17 @@ class Headline:
 
 def metrics(records: list[StageRecord], split: dict[str, str]) -> tuple[str | None, str | None]:
     """(validation metric, test metric) of a run's records (`split`: task -> split): the gated metric (else the
-    first one scored on a validation split) and the same metric and filter on a test split; None where there is
-    none."""
+    first one scored on a validation split) and the same metric and filter on a test split (a 0/1 one, when there
+    is one, for a continuous gated metric); None where there is none."""
     scored = list(dict.fromkeys(k for r in records for k in r.scores()))
     on = {k: split.get(k.partition("/")[0]) for k in scored}
     gated = [r.gate["metric"] for r in records if r.gate and on.get(r.gate["metric"]) == "validation"]
     validation = gated[-1] if gated else next((k for k in scored if on[k] == "validation"), None)
     name = (validation or next((k for k in scored if on[k] == "test"), "")).partition("/")[2]
-    test = next((k for k in scored if on[k] == "test" and k.partition("/")[2] == name), None)
+    tests = [k for k in scored if on[k] == "test"]
+    test = next((k for k in tests if k.partition("/")[2] == name), None)
+    if validation and measure(validation) not in BINARY:
+        test = next((k for k in tests if measure(k) in BINARY), test)
     return validation, test
 
 
