@@ -61,12 +61,14 @@ def test_before_the_run_each_gate_states_its_sight_at_the_most_noise():
     from pipeline.chain.plan import build
     from pipeline.config import load_config
 
-    cfg = load_config(["recipe=smollm2_cpu"])
+    cfg = load_config(["recipe=smollm2", "eval.limit={gsm8k_local_val: 150}"])
     gates = {s["stage"]: s["gate"] for s in build(cfg)["stages"] if "gate" in s}
     assert gates["sft"]["n"] == 150 and gates["dpo"]["n"] == 75  # eval.limit 150; the sweep's gate judges half
     assert gates["sft"]["assumed"] and gates["sft"]["rate"] == power.ASSUMED_RATE
     assert gates["sft"]["detectable"] == pytest.approx(power.detectable(150, 0.5))
     assert gates["sft"]["blind"].startswith("max_drop 0.020 is below")
+    cpu = {s["stage"]: s["gate"] for s in build(load_config(["recipe=smollm2_cpu"]))["stages"] if "gate" in s}
+    assert cpu["sft"]["text"] == "a continuous metric over n=500: its sight is known once its input is scored"
     tiny = load_config(["recipe=tiny", "eval.limit={tiny_gsm_val: 150}",
                         "dpo.gate.metric=tiny_gsm_val_bpb/bits_per_byte,none"])
     assert power.before_run(tiny, "sft")["n"] == 150  # 150 of the 300 validation problems, by eval.limit
