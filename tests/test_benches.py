@@ -62,15 +62,17 @@ def check_dpo_sweep(stdout: str) -> None:
 
 
 def check_gain(stdout: str) -> None:
-    """One line per trained checkpoint and metric: its score on every test problem and its paired gain."""
+    """One line per trained checkpoint and metric: its score on every test problem and its paired gain (McNemar for
+    exact match, the paired t for bits per byte)."""
     lines = stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == [
-        f"{stage} tiny_gsm/exact_match,{metric}" for stage in ("01-sft", "02-dpo")
-        for metric in ("strict-match", "flexible-extract")]  # no bits-per-byte line: FAST does not score tiny_gsm_bpb
+    metrics = ("tiny_gsm/exact_match,strict-match", "tiny_gsm/exact_match,flexible-extract",
+               "tiny_gsm_bpb/bits_per_byte,none")
+    assert [line.split(":")[0] for line in lines] == [f"{stage} {m}" for stage in ("01-sft", "02-dpo") for m in metrics]
     diff = r"[+-]\d\.\d{3}"
     for line in lines:
-        assert re.search(rf": \d\.\d{{3}} \(n={PROBLEMS}\), vs base {diff} \[{diff}, {diff}\], p\S+ \(McNemar mid-p, "
-                         rf"\+\d+ / -\d+, n={PROBLEMS}\)$", line), line
+        test = (rf"McNemar mid-p, \+\d+ / -\d+, n={PROBLEMS}" if "exact_match" in line else rf"paired t, n={PROBLEMS}")
+        pattern = rf": \d\.\d{{3}} \(n={PROBLEMS}\), vs base {diff} \[{diff}, {diff}\], p\S+ \({test}\)$"
+        assert re.search(pattern, line), line
 
 
 def check_generation(stdout: str) -> None:
