@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,12 +152,16 @@ def stage_mixtures(cfg: DictConfig, stage: str) -> list[str | Data]:
     return [source for source, _, _ in kind_of(cfg, stage).mixtures(cfg[stage])]
 
 
+def _rules(src: DictConfig) -> dict:
+    """How a source's rows are normalised: `normalise`'s `columns` and `remove` as plain Python values."""
+    return {"columns": OmegaConf.to_container(src.columns), "remove": list(src.remove)}
+
+
 def _file_rows(file: Path, src: DictConfig) -> list[dict]:
     """Every row of a local file, normalised; a file is one format (a row of another is refused, naming both)."""
-    rows, first = [], None
-    columns, remove = OmegaConf.to_container(src.columns), list(src.remove)
+    rows, first, rules = [], None, _rules(src)
     for where, raw in _read_rows(file):
-        rows.append(normalise(raw, columns, where, remove))
+        rows.append(normalise(raw, where=where, **rules))
         first = first or (where, of_row(rows[0]))
         if of_row(rows[-1]) != first[1]:
             raise ConfigError(f"{where} is {of_row(rows[-1])}, but {first[0]} is {first[1]}: a file holds rows of one "
@@ -204,8 +208,8 @@ def head(name: str | Data, cfg: DictConfig, rows: int = HEAD_ROWS) -> list[tuple
     for src in load_spec(name).sources:
         file = _local_file(src, cfg)
         found = _read_rows(file, rows) if file is not None else _hub_head(src, cfg, rows)
-        columns, remove = OmegaConf.to_container(src.columns), list(src.remove)
-        out += [(where, normalise(row, columns, where, remove)) for where, row in found]
+        rules = _rules(src)
+        out += [(where, normalise(row, where=where, **rules)) for where, row in found]
     return out
 
 
@@ -428,7 +432,7 @@ def _tools(value: Any, where: str) -> str | None:
     return json.dumps(remove_none_values(tools))
 
 
-def _removed(value: Any, remove: list[str]) -> Any:
+def _removed(value: Any, remove: Sequence[str]) -> Any:
     """`value` with every match of the `remove` patterns deleted from its text (a string, or the contents of a
     conversation's messages)."""
     if isinstance(value, str):
@@ -441,7 +445,7 @@ def _removed(value: Any, remove: list[str]) -> Any:
     return value
 
 
-def normalise(row: dict, columns: dict, where: str, remove: list[str] = ()) -> dict:
+def normalise(row: dict, columns: dict, where: str, remove: Sequence[str] = ()) -> dict:
     """Map one source row into the target fields; raise `ConfigError` naming `where` if malformed.
 
     Chats are checked (known roles, string contents or tool calls, an assistant turn, none empty). A `prompt`
@@ -542,8 +546,7 @@ def _load_hub(src: DictConfig, i: int, seed: int, cfg: DictConfig) -> Any:
     picked = _pick(len(raw), src.weight, seed + i)
     return raw.select(picked).map(
         _normalise_batch, batched=True, with_indices=True, remove_columns=raw.column_names,
-        fn_kwargs={"columns": OmegaConf.to_container(src.columns), "remove": list(src.remove), "label": label,
-                   "picked": picked})
+        fn_kwargs={**_rules(src), "label": label, "picked": picked})
 
 
 def load_mixture(name: str | Data, cfg: DictConfig, render: Callable[[dict], str] | None = None):

@@ -43,6 +43,11 @@ def measure(metric: str) -> str:
     return metric.partition("/")[2].partition(",")[0]
 
 
+def binary(metric: str) -> bool:
+    """Whether `metric` (`<task>/<metric>,<filter>`) is scored 0 or 1 per problem (else it is continuous)."""
+    return measure(metric) in BINARY
+
+
 def detectable(n: int, rate: float | None = None, sd: float | None = None) -> float:
     """The smallest true change a one-sided 5% paired test over `n` problems detects with 80% power: of a 0/1
     metric at score `rate`, or of a continuous one with per-problem SD `sd`; inf when no change can be."""
@@ -119,11 +124,10 @@ def planned(gate: Any, n: int | None, halved: bool) -> dict:
     """What `gate` can see before its input is scored, over the `n` problems of its task (half of them, `halved`,
     when a sweep selects on the other half): {detectable, n, rate, assumed, blind, text}, at the assumed input
     score `ASSUMED_RATE`; for a continuous metric, or an unknown n, only a note."""
-    metric = measure(gate.metric)
     if n is None:
         return {"n": None, "text": "n unknown before its task is loaded: computed once its input is scored"}
     n = n // 2 if halved else n
-    if metric not in BINARY:
+    if not binary(gate.metric):
         return {"n": n, "text": f"a continuous metric over n={n}: its sight is known once its input is scored"}
     change = detectable(n, ASSUMED_RATE)
     return {"detectable": change, "n": n, "rate": ASSUMED_RATE, "assumed": True,
@@ -137,7 +141,7 @@ def impossible(gate: Any) -> str | None:
     or the metric's range is not known."""
     metric = measure(gate.metric)
     low, high = RANGES.get(metric, (-math.inf, math.inf))
-    kind = "a 0/1 metric, scored as a share" if metric in BINARY else "a continuous metric"
+    kind = "a 0/1 metric, scored as a share" if binary(gate.metric) else "a continuous metric"
     if gate.min is not None and not low <= gate.min <= high:
         return f"min {gate.min:g} lies outside [{low:g}, {high:g}], the values {metric} takes ({kind})"
     if gate.max_drop is not None and not 0 <= gate.max_drop <= high - low:

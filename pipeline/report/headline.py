@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.evaluation import stats
-from pipeline.evaluation.power import BINARY, measure
+from pipeline.evaluation.power import binary
 from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, recall, stage_folders
 
 COLUMNS = ("checkpoint", "validation", "test", "test strict / flexible / answers stopped",
@@ -51,8 +51,8 @@ def metrics(records: list[StageRecord], split: dict[str, str]) -> tuple[str | No
     name = (validation or next((k for k in scored if on[k] == "test"), "")).partition("/")[2]
     tests = [k for k in scored if on[k] == "test"]
     test = next((k for k in tests if k.partition("/")[2] == name), None)
-    if validation and measure(validation) not in BINARY:
-        test = next((k for k in tests if measure(k) in BINARY), test)
+    if validation and not binary(validation):
+        test = next((k for k in tests if binary(k)), test)
     return validation, test
 
 
