@@ -61,6 +61,8 @@ def _eval_defaults() -> EvalConfig:
 class ModelConfig:
     name_or_path: str = arg("Hub id, local checkpoint, or the section name of the recipe extension that builds it",
                             "HuggingFaceTB/SmolLM3-3B-Base")
+    revision: str = arg("a Hub model's branch, tag or commit; 40 hex digits pin it (a branch moves, and stages keyed "
+                        "on it do not see the move)", "main", added=True)
     tokenizer: str = arg("defaults to name_or_path", "")
     chat_template: str = arg("path to a Jinja template; empty keeps the tokenizer's", "")
     precision: str = arg("auto (bf16 on GPUs that have it, else fp32) | bf16 (also CPU autocast) | fp16 (CUDA, dynamic "

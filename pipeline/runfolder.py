@@ -32,13 +32,14 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.files import RunLock, write_json, write_text
+from pipeline.files import RunLock, fingerprint, write_json, write_text
 
 BASE = "00-base"
 RECORD = "stage.json"
 STAGES = "stages"  # the run folder's folder of stage folders
 FINISHED = ("trained", "done")  # trained: its model is saved; done: scored too
 MODEL_PATHS = ("input_model", "output_model")  # record fields stored relative to the run folder when inside it
+CUTS = ("max_length", "max_prompt_length", "max_completion_length", "truncation_mode")  # how pairs are cut
 
 
 T = TypeVar("T")
@@ -443,8 +444,10 @@ class StageContext:
 
     @property
     def ref_pairs_dir(self) -> Path:
-        """`pairs_ref/` of the stage: the pairs tokenised with the reference model's log-probs."""
-        return Path(self.stage_dir) / "pairs_ref"
+        """`pairs_ref/` of the stage: the pairs tokenised and cut with the reference model's log-probs; a candidate
+        that sweeps how pairs are cut (`CUTS`) has its own, `pairs_ref-<key of its cut>/`."""
+        cut = {k: v for k, v in self.overrides.items() if k in CUTS}
+        return Path(self.stage_dir) / (f"pairs_ref-{fingerprint(cut)}" if cut else "pairs_ref")
 
     @property
     def reference_dir(self) -> Path:

@@ -106,6 +106,8 @@ class StageSettings:
     data_columns: dict[str, str] = arg("with data: target -> the data's column, for columns not named as TRL names "
                                        "them, e.g. {prompt: question, answer: answer} (only mapped columns are "
                                        "read); empty: TRL's names", factory=dict, added=True)
+    data_revision: str = arg("with a Hub dataset as data: its branch, tag or commit (40 hex digits pin it: a branch "
+                             "moves, and a stage keyed on it does not see the move)", "main", added=True)
     learning_rate: float = arg("peak learning rate", 2e-5)
     lr_scheduler_type: str = arg("transformers scheduler (cosine_with_min_lr, cosine, constant, ...)",
                                  "cosine_with_min_lr")
@@ -173,6 +175,7 @@ class Data:
 
     value: str
     columns: dict[str, str]
+    revision: str = "main"  # of a Hub dataset
 
     def __str__(self) -> str:
         return f"data {self.value}"
@@ -180,7 +183,7 @@ class Data:
 
 def data_source(stage: Any) -> str | Data:
     """What a stage trains on, as the mixture functions take it: its mixture's name, or its `data`."""
-    return Data(stage.data, dict(stage.data_columns)) if stage.data else stage.mixture
+    return Data(stage.data, dict(stage.data_columns), stage.data_revision) if stage.data else stage.mixture
 
 
 class StageKind:

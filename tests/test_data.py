@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from pipeline.config import ConfigError, load_config
 from pipeline.data.mixtures import fingerprints, load_mixture, normalise
+from pipeline.keys import path_digest
 from pipeline.tiny.data import ITEMS, NAMES, build_splits
 
 GSM8K = ROOT / "tests" / "fixtures" / "gsm8k" / "train.jsonl"  # GSM8K's first 508 train rows, shipped
@@ -45,7 +46,8 @@ def test_gsm8k_loads_through_the_shipped_mixture_from_a_plain_local_copy(tmp_pat
     assert re.search(r"\n#### -?[\d,.]+$", ds[0]["messages"][1]["content"])
     (fp,) = fingerprints("gsm8k", cfg)
     assert fp == {"hub": "openai/gsm8k", "name": "main", "split": f"train[:-{ROWS}]", "revision": "main",
-                  "mirror": str(tmp_path / "hub")}
+                  "mirror": path_digest(tmp_path / "hub" / "openai" / "gsm8k"), "weight": 1.0, "seed": 0,
+                  "columns": {"user": "question", "assistant": "answer"}, "remove": []}
 
 
 def test_remove_deletes_gsm8k_calculator_notes_from_hub_and_file_rows_and_changes_the_fingerprint(tmp_path):

@@ -45,7 +45,7 @@ OUTSIDE = {
         "a scratch folder in the temp folder for a trainer-arguments check",
     ("pipeline/tiny/model.py", "root / 'model'"): "the tiny base model's folder in the cache",
     ("pipeline/tiny/model.py", "build / 'pretrain' / 'model'"): "the tiny base model's build folder in the cache",
-    ("pipeline/tiny/__init__.py", "data.tiny_dir(cache_dir(cfg), _settings(cfg), cfg.seed) / 'model'"):
+    ("pipeline/tiny/__init__.py", "data.tiny_dir(cache_dir(cfg), _settings(cfg), cfg.model, cfg.seed) / 'model'"):
         "the tiny base model's folder in the cache",
 }
 

@@ -70,8 +70,8 @@ def _ctx(root: Path, *overrides: str) -> StageContext:
     return StageContext(cfg, "dpo", root / "stages" / "02-midtrain" / "model", root / "stages" / "03-dpo")
 
 
-def _run(ctx: StageContext, fakes: Fakes, stage_fp: str = "fp"):
-    return sweep.run(ctx, stage_fp, grid(ctx.stage), fakes.train, fakes.evaluate)
+def _run(ctx: StageContext, fakes: Fakes, stage_fp: str = "fp", scoring: str = "eval"):
+    return sweep.run(ctx, stage_fp, grid(ctx.stage), fakes.train, sweep.Scorer(fakes.evaluate, scoring))
 
 
 def _weights(*values: float) -> dict[str, float]:
@@ -200,7 +200,8 @@ def test_a_candidate_is_retrained_when_its_model_is_gone_or_the_stage_changed(tm
 
 def test_one_candidate_alone_is_trained_for_an_array_task(tmp_path):
     ctx, fakes = _ctx(tmp_path), Fakes(_weights(1, 9, 12, 4))
-    records = sweep.train_candidates(ctx, "fp", grid(ctx.stage), fakes.train, fakes.evaluate, only=2)
+    records = sweep.train_candidates(ctx, "fp", grid(ctx.stage), fakes.train, sweep.Scorer(fakes.evaluate, "eval"),
+                                     only=2)
     assert [r.candidate for r in records] == [IDS[2]] and fakes.trained == [IDS[2]]
     assert not (ctx.stage_dir / "model").exists()
     rest = Fakes(_weights(1, 9, 12, 4))

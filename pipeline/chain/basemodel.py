@@ -97,9 +97,28 @@ def local_config(cfg: DictConfig) -> Path | None:
     return Path(cached).parent if isinstance(cached, str) else None
 
 
+# what a Hub model's snapshot leaves out: weights in formats the pipeline does not load
+NOT_LOADED = ["*.onnx", "*.onnx_data", "onnx/*", "*.gguf", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*"]
+
+
 def base_model(cfg: DictConfig) -> str | Path:
-    """The base checkpoint to load (a built model is built first, collectively on every rank)."""
-    return extension.of(cfg).build_base_model(cfg) if extension.builds_base(cfg) else cfg.model.name_or_path
+    """The base checkpoint to load: a local folder as it is; a Hub model's snapshot at `model.revision`, downloaded
+    here once (so every load, scoring and engine of the run reads the same files, whatever the branch does
+    meanwhile); a built model built first, collectively on every rank."""
+    if extension.builds_base(cfg):
+        return extension.of(cfg).build_base_model(cfg)
+    name = cfg.model.name_or_path
+    if Path(name).expanduser().exists():
+        return name
+    import huggingface_hub
+
+    from pipeline.train.distributed import main_writes
+
+    with main_writes() as main:  # the main process downloads; the others find it in the cache
+        if main:
+            huggingface_hub.snapshot_download(name, revision=cfg.model.revision, ignore_patterns=NOT_LOADED)
+    return huggingface_hub.snapshot_download(name, revision=cfg.model.revision, ignore_patterns=NOT_LOADED,
+                                             local_files_only=True)
 
 
 def architecture(cfg: DictConfig) -> tuple[Path, dict | None]:

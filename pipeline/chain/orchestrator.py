@@ -152,7 +152,7 @@ class Run:
     def base_eval(self) -> None:
         """Evaluate the base model once (reused while its fingerprint holds) so every gate has a baseline."""
         ev = evaluate.settings(self.cfg, None)
-        efp = eval_fingerprint(base_fingerprint(self.cfg), ev)
+        efp = eval_fingerprint(base_fingerprint(self.cfg), ev, self.tasks_dir)
         if efp is None:
             return
         folder = base_dir(self.root)
@@ -373,8 +373,9 @@ def _fit(run: Run, d: StageDecision, ctx: StageContext) -> Trained | None:
     ev = evaluate.settings(run.cfg, d.name)
     select = sweep.selection_settings(ev, ctx.stage.gate.metric, ctx.stage.gate.tie_break)
 
-    def score(model: Path, out: Path) -> dict:
+    def evaluate_on_select(model: Path, out: Path) -> dict:
         return run.evaluate(model, select, out)
+    score = sweep.Scorer(evaluate_on_select, eval_fingerprint(d.inputs, select, run.tasks_dir))
     if ctx.stage.candidate is None:
         return sweep.run(ctx, d.inputs, d.grid, train, score)  # scored on `select`'s tasks; `_score` adds the rest
     sweep.train_candidates(ctx, d.inputs, d.grid, train, score, only=ctx.stage.candidate)

@@ -12,11 +12,13 @@ it again; a run without the redo forgets it. Every rank decides the same way.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline import keys
 from pipeline.chain.basemodel import base_settings
 from pipeline.config import (
     ConfigError,
@@ -30,9 +32,9 @@ from pipeline.config import (
     training_view,
 )
 from pipeline.data import mixtures as data
+from pipeline.data.chat import template_text
 from pipeline.evaluation import lmeval as evaluate
-from pipeline.files import fingerprint
-from pipeline.runfolder import FINISHED, StageRecord, finished, stage_dir
+from pipeline.runfolder import FINISHED, RunPaths, StageRecord, finished, stage_dir
 
 # settings that choose among a sweep's candidates (and the swept settings themselves): the data a stage prepares
 # for every candidate (pairs, reference log-probs) does not depend on them
@@ -57,15 +59,40 @@ class StageDecision:
     grid: list[dict] = field(default_factory=list)  # its sweep's candidates (`config.grid`); empty: no sweep
 
 
+def _checkpoint(name: str, revision: str | None) -> dict:
+    """A model or tokenizer `model.*` names, by what decides it: a local folder's contents, a Hub id's commit."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return {"local": keys.tree_digest(path)}
+    return {"hub": name, "revision": revision or "main"}
+
+
 def base_fingerprint(cfg: DictConfig) -> str:
-    """The base model's fingerprint: its settings (and a built model's settings)."""
+    """The base model's fingerprint: its loader settings, what it is (a local checkpoint's and tokenizer's
+    contents, a Hub model's id and `model.revision`; a built model's settings) and its chat template's text; never
+    a path."""
     model = fingerprint_view(OmegaConf.to_container(cfg.model), ModelConfig)
-    return fingerprint({"model": model, "built": base_settings(cfg)})
+    built = base_settings(cfg)
+    what = {k: v for k, v in model.items() if k not in ("name_or_path", "tokenizer", "chat_template")}
+    if built is None:
+        what["checkpoint"] = _checkpoint(cfg.model.name_or_path, cfg.model.revision)
+    else:
+        what["built"] = {"extension": cfg.model.name_or_path, "settings": built}
+    if cfg.model.tokenizer:
+        what["tokenizer"] = _checkpoint(cfg.model.tokenizer, None)
+    if cfg.model.chat_template:
+        what["chat_template"] = hashlib.sha256(template_text(cfg.model.chat_template).encode()).hexdigest()
+    return keys.key({"base": what})
 
 
-def eval_fingerprint(upstream: str, ev: dict) -> str | None:
-    """The fingerprint of scoring the checkpoint `upstream` with eval settings `ev`; None without tasks."""
-    return fingerprint({"checkpoint": upstream, "eval": fingerprint_view(ev, EvalConfig)}) if ev["tasks"] else None
+def eval_fingerprint(upstream: str, ev: dict, tasks_dir: Path) -> str | None:
+    """The fingerprint of scoring the checkpoint `upstream` with eval settings `ev` on the tasks of `tasks_dir`
+    (their contents, `eval.include_path`'s and the data they name, and the scoring libraries' versions:
+    `lmeval.scoring_inputs`); None without tasks."""
+    if not ev["tasks"]:
+        return None
+    return keys.key({"checkpoint": upstream, "eval": fingerprint_view(ev, EvalConfig),
+                     **evaluate.scoring_inputs(ev, tasks_dir)})
 
 
 def _changes(old: dict, new: dict, prefix: str) -> list[str]:
@@ -110,19 +137,20 @@ def _action(decision: StageDecision, record: StageRecord, forced: bool, config: 
 def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
     """Per enabled stage: reuse, re-evaluate, resume or train; refuse changed finished stages."""
     upstream, forced, out = base_fingerprint(cfg), False, []
+    tasks_dir = RunPaths(root).eval_tasks
     for i, name in enumerate([n for n in cfg.stages if cfg[n].enabled], 1):
         sources = [fp for mix in data.stage_mixtures(cfg, name) for fp in data.fingerprints(mix, cfg)]
         config, schema = stage_section(cfg, name), OmegaConf.get_type(cfg[name])
-        inputs = fingerprint({"kind": name, "data": sources, "upstream": upstream, "seed": cfg.seed})
+        inputs = keys.key({"kind": name, "data": sources, "upstream": upstream, "seed": cfg.seed})
         trains = training_view(config, schema)
-        fp = fingerprint({"inputs": inputs, "config": trains})
+        fp = keys.key({"inputs": inputs, "config": trains})
         shared = {k: v for k, v in trains.items() if k not in (*PER_CANDIDATE, *swept(cfg[name]))}
-        prepared = fingerprint({"inputs": inputs, "config": shared})
+        prepared = keys.key({"inputs": inputs, "config": shared})
         record = StageRecord.read(stage_dir(root, i, name))
         redo = name in cfg.redo and not (record.redone and record.fingerprint == fp)  # a redo is carried out once
         decision = StageDecision(i, name, stage_dir(root, i, name), fp, upstream,
-                                 eval_fingerprint(fp, evaluate.settings(cfg, name)), "", sources, inputs, redo,
-                                 prepared, grid(cfg[name]) if sweeps(cfg[name]) else [])
+                                 eval_fingerprint(fp, evaluate.settings(cfg, name), tasks_dir), "", sources, inputs,
+                                 redo, prepared, grid(cfg[name]) if sweeps(cfg[name]) else [])
         decision.action = _action(decision, record, forced, config, schema)
         forced = forced or decision.action in ("train", "resume")
         out.append(decision)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -51,7 +52,21 @@ log = logging.getLogger("pipeline")
 EARLIER = "the earlier candidate (grid order, then soup, then merge)"
 NOT_TRAINING = ("eval", "gate", "sweep", "soup", "merge", "candidate")  # left out of a candidate's recorded config
 Train = Callable[[StageContext], dict]  # a stage's entry function: trains ctx.out_dir/model, returns metrics
-Evaluate = Callable[[Path, Path], dict]  # (model dir, output dir) -> eval result; scored on the main process
+
+
+@dataclass
+class Scorer:
+    """How candidates are scored: `score(model dir, output dir) -> eval result` (on the main process), and the key of
+    that scoring (`resume.eval_fingerprint`: eval settings, the tasks' contents, the scoring libraries). A finished
+    candidate scored under another key is scored again, never ranked on its old scores."""
+
+    score: Callable[[Path, Path], dict]
+    key: str | None
+
+
+def scored(record: StageRecord, scorer: Scorer) -> bool:
+    """Whether a candidate's record holds its scores under `scorer`'s key."""
+    return record.status == "done" and record.eval_fingerprint == scorer.key
 
 
 def selection_settings(ev: dict, metric: str, tie_break: str = "") -> dict:
@@ -95,10 +110,10 @@ def _half(record: StageRecord, metric: str) -> float | None:
     return half[0] if half else record.scores().get(metric)
 
 
-def _score(record: StageRecord, out: Path, evaluate: Evaluate) -> StageRecord:
-    """Evaluate a finished candidate (main process), write its stage.json last; every rank reads it back."""
-    record.status, record.output_model = "done", str(model_dir(out))
-    record.eval = evaluate(model_dir(out), samples_dir(out))  # the main process scores; the others get nothing
+def _score(record: StageRecord, out: Path, scorer: Scorer) -> StageRecord:
+    """Score a finished candidate (main process), write its stage.json last; every rank reads it back."""
+    record.status, record.output_model, record.eval_fingerprint = "done", str(model_dir(out)), scorer.key
+    record.eval = scorer.score(model_dir(out), samples_dir(out))  # the main process scores; the others get nothing
     record.write(out)  # written last (main process); every rank reads it back
     return StageRecord.read(out)
 
@@ -112,12 +127,12 @@ def candidate_fingerprint(ctx: StageContext, inputs: str, cand: dict) -> str:
     return fingerprint({"inputs": inputs, "config": {k: v for k, v in trains.items() if k not in NOT_TRAINING}})
 
 
-def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, evaluate: Evaluate) -> StageRecord:
+def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, scorer: Scorer) -> StageRecord:
     """One grid candidate: reused when finished with the same fingerprint, resumed when interrupted with it, else
     trained from scratch (or re-scored)."""
     cctx, fp = ctx.for_candidate(cand), candidate_fingerprint(ctx, inputs, cand)
     record = StageRecord.read(cctx.out_dir)
-    if finished(record, cctx.out_dir, fp) and record.status == "done":
+    if finished(record, cctx.out_dir, fp) and scored(record, scorer):
         log.info("candidate %s: reusing", cand["id"])
         drop_work(cctx.out_dir)  # left when a kill came between its record and the removal
         return record
@@ -131,7 +146,7 @@ def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, evaluat
         record.metrics, record.status = train(cctx), "trained"
         record.write(cctx.out_dir)  # trained; a crash during its eval re-scores only
     drop_work(cctx.out_dir)  # its checkpoints go only once the record says trained
-    return _score(record, cctx.out_dir, evaluate)
+    return _score(record, cctx.out_dir, scorer)
 
 
 def _clear(folder: Path) -> None:
@@ -141,13 +156,13 @@ def _clear(folder: Path) -> None:
             shutil.rmtree(folder)
 
 
-def train_candidates(ctx: StageContext, inputs: str, cands: list[dict], train: Train, evaluate: Evaluate,
+def train_candidates(ctx: StageContext, inputs: str, cands: list[dict], train: Train, scorer: Scorer,
                      only: int | None = None) -> list[StageRecord]:
     """Train (or reuse) and score the grid's candidates `cands` (`config.grid`, carried by the stage's decision), or
     only the one numbered `only`; `inputs`: what the stage starts from (`StageDecision.inputs`)."""
     records = []
     for cand in cands if only is None else [cands[only]]:
-        record = _candidate(ctx, inputs, cand, train, evaluate)
+        record = _candidate(ctx, inputs, cand, train, scorer)
         metric = ctx.stage.gate.metric
         if metric:
             log.info("candidate %s: %.3f on the selection half", cand["id"], _value(record, metric))
@@ -156,14 +171,14 @@ def train_candidates(ctx: StageContext, inputs: str, cands: list[dict], train: T
 
 
 def _combine(ctx: StageContext, inputs: str, kind: str, models: list[Path], weights: list[float] | None,
-             evaluate: Evaluate) -> StageRecord:
+             scorer: Scorer) -> StageRecord:
     """A soup (uniform average) or linear merge of `models` as a scored candidate under `candidates/<kind>`."""
     out = candidate_dir(ctx.stage_dir, kind)
     sources = [stored_path(m, run_root(out)) for m in models]  # relative to the run folder: it may move
     made_of = [StageRecord.read(Path(m).parent).fingerprint for m in models]  # its ingredients, wherever they lie
     fp = fingerprint({"inputs": inputs, kind: made_of, "weights": weights})
     record = StageRecord.read(out)
-    if record.status == "done" and finished(record, out, fp):
+    if finished(record, out, fp) and scored(record, scorer):
         return record
     with preempt.main_only(f"making the {kind}") as main:
         if main and weights is None:
@@ -173,23 +188,23 @@ def _combine(ctx: StageContext, inputs: str, kind: str, models: list[Path], weig
     log.info("%s of %s (%s)", kind, ", ".join(Path(m).parent.name for m in models),
              f"weights {', '.join(map(str, weights))}" if weights else "equal weights")
     config = {"sources": sources, "weights": weights}
-    return _score(StageRecord(stage=ctx.name, candidate=kind, fingerprint=fp, config=config), out, evaluate)
+    return _score(StageRecord(stage=ctx.name, candidate=kind, fingerprint=fp, config=config), out, scorer)
 
 
 def _soup_and_merge(ctx: StageContext, inputs: str, ranked: list[StageRecord],
-                    evaluate: Evaluate) -> list[StageRecord]:
+                    scorer: Scorer) -> list[StageRecord]:
     """The soup of the best candidates and the merge with an earlier stage, as the stage asks for them."""
     stage, extra = ctx.stage, []
     if stage.soup.top_k:
         models = [Path(r.output_model) for r in ranked[: stage.soup.top_k]]
-        extra.append(_combine(ctx, inputs, "soup", models, None, evaluate))
+        extra.append(_combine(ctx, inputs, "soup", models, None, scorer))
     if stage.merge.stage:
         base = earlier_stage_model(ctx.stage_dir, stage.merge.stage)
         if base is None:
             raise ConfigError(f"{ctx.name}.merge.stage '{stage.merge.stage}' has no finished checkpoint in this run")
         top = extra[-1] if extra else ranked[0]
         extra.append(_combine(ctx, inputs, "merge", [Path(top.output_model), base],
-                              [1 - stage.merge.weight, stage.merge.weight], evaluate))
+                              [1 - stage.merge.weight, stage.merge.weight], scorer))
     return extra
 
 
@@ -201,12 +216,12 @@ def versus_input(stage: Path, candidate_eval: Path, metric: str, half: str | Non
     return stats.paired_difference(eval_dir(source), candidate_eval, metric, half) if source else None
 
 
-def run(ctx: StageContext, inputs: str, cands: list[dict], train: Train, evaluate: Evaluate) -> Trained:
+def run(ctx: StageContext, inputs: str, cands: list[dict], train: Train, scorer: Scorer) -> Trained:
     """Train every candidate of `cands`, add soup / merge, select by the gate metric into `ctx.stage_dir/model`."""
     metric, tie_break = ctx.stage.gate.metric, ctx.stage.gate.tie_break
-    candidates = train_candidates(ctx, inputs, cands, train, evaluate)
+    candidates = train_candidates(ctx, inputs, cands, train, scorer)
     ranked = sorted(candidates, key=lambda r: _rank(r, metric, tie_break), reverse=True)  # stable: ties keep order
-    candidates += _soup_and_merge(ctx, inputs, ranked, evaluate)
+    candidates += _soup_and_merge(ctx, inputs, ranked, scorer)
     selected = max(candidates, key=lambda r: _rank(r, metric, tie_break))  # max keeps the first of equal values
     with main_writes() as main:
         if main:

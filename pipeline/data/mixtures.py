@@ -40,11 +40,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from pipeline import extension
+from pipeline import extension, keys
 from pipeline.config import MIXTURES_DIR, ConfigError, explain_error, kind_of, yaml_problem
 from pipeline.data import sources as data_sources
 from pipeline.data.formats import TARGETS, of_row, tool_name
-from pipeline.files import sha256_file
 from pipeline.settings import Data
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -95,8 +94,8 @@ def _data_spec(data: Data) -> DictConfig:
     if "path" in found[0]:
         path = Path(os.path.expanduser(found[0]["path"]))
         found = [{"path": str(p)} for p in (data_sources.files(path) if path.is_dir() else [path])]
-    return OmegaConf.merge(OmegaConf.structured(MixtureConfig),
-                           {"description": str(data), "sources": [{**s, "columns": data.columns} for s in found]})
+    sources = [{**s, "columns": data.columns, **({"revision": data.revision} if "hub" in s else {})} for s in found]
+    return OmegaConf.merge(OmegaConf.structured(MixtureConfig), {"description": str(data), "sources": sources})
 
 
 def load_spec(source: str | Data) -> DictConfig:
@@ -172,7 +171,10 @@ def _file_rows(file: Path, src: DictConfig) -> list[dict]:
 
 
 def fingerprints(name: str | Data, cfg: DictConfig) -> list[dict]:
-    """One fingerprint per source of a mixture: sha256 of local files, name + revision for Hub data.
+    """One fingerprint per source of a mixture, of what decides the rows it gives (`pipeline.keys`' rule): a local
+    file's name and sha256 (not its folder: a moved checkout is the same data), a Hub source's id, config, split
+    and revision (a commit pins it), or the sha256 of its `hub_mirror` copy; and how its rows are picked and
+    normalised (`weight`, `columns`, `remove`, the mixture's `seed`).
 
     Local files (every row) and Hub sources read from `hub_mirror` (the rows the weight picks) are also
     checked here, so a malformed row stops the run before any training; Hub sources read from the Hub
@@ -186,16 +188,15 @@ def fingerprints(name: str | Data, cfg: DictConfig) -> list[dict]:
             _file_rows(file, src)
         if file is None:
             path = hub_source(src.hub, src.name, [src.split], cfg)["path"]
-            mirror = {"mirror": cfg.hub_mirror} if path != src.hub else {}
+            mirror = {"mirror": keys.path_digest(path)} if path != src.hub else {}
             if mirror:
                 _load_hub(src, i, spec.seed, cfg)
             out.append({"hub": src.hub, "name": src.name, "split": src.split, "revision": src.revision, **mirror})
         elif src.generator:
-            out.append({"generator": src.generator, "split": src.split, "sha256": sha256_file(file)})
+            out.append({"generator": src.generator, "split": src.split, "sha256": keys.file_digest(file)})
         else:
-            out.append({"path": src.path, "sha256": sha256_file(file)})
-        if src.remove:
-            out[-1]["remove"] = list(src.remove)
+            out.append({"file": file.name, "sha256": keys.file_digest(file)})
+        out[-1].update(weight=src.weight, seed=spec.seed, **_rules(src))
     return out
 
 

@@ -22,13 +22,12 @@ from typing import Any
 
 import datasets
 import pyarrow as pa
-import transformers
-import trl
 
+from pipeline import keys
 from pipeline.config import ConfigError
 from pipeline.data import chat, prep
 from pipeline.data.mixtures import source_name
-from pipeline.files import atomic_dir, fingerprint
+from pipeline.files import atomic_dir
 from pipeline.settings import data_source
 from pipeline.train import preempt
 from pipeline.train.distributed import main_writes, same_on_every_rank
@@ -62,9 +61,9 @@ def tokenizer_hash(tok: Any) -> str:
 
 def cache_key(dataset: Any, stage: Any, tok: Any) -> str:
     """The cache entry's name: every input that changes the tokens, and the code that makes them."""
-    return fingerprint({"rows": content_hash(dataset), "tokenizer": tokenizer_hash(tok), "format": stage.format,
+    return keys.key({"rows": content_hash(dataset), "tokenizer": tokenizer_hash(tok), "format": stage.format,
                         "assistant_only_loss": stage.assistant_only_loss, "max_length": stage.max_length,
-                        "version": VERSION, "trl": trl.__version__, "transformers": transformers.__version__})
+                        "version": VERSION, "libraries": keys.versions(keys.TRAINING)})
 
 
 def tokenise_chat(row: dict, index: int, tok: Any, assistant_only_loss: bool, source: str) -> dict:

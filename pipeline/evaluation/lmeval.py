@@ -24,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import extension
+from pipeline import extension, keys
 from pipeline.config import ConfigError
 from pipeline.data.mixtures import hub_source
 from pipeline.evaluation import lmeval_fast, stats
@@ -98,6 +98,14 @@ def include_folder(ev: dict) -> Path | None:
         return None
     path = Path(ev["include_path"]).expanduser().resolve()
     return path.parent if path.suffix in (".yaml", ".yml") else path
+
+
+def scoring_inputs(ev: dict, tasks_dir: Path) -> dict:
+    """What decides a score besides the model and the eval settings (`pipeline.keys`' rule): the contents of the
+    run's task files and `eval.include_path`'s, with the data files they name (`keys.tasks_digest`), and the
+    versions of the scoring libraries (vLLM's too for its backend)."""
+    libraries = (*keys.SCORING, "vllm") if ev.get("backend") == "vllm" else keys.SCORING
+    return {"tasks": keys.tasks_digest(tasks_dir, include_folder(ev)), "libraries": keys.versions(libraries)}
 
 
 def _task_manager(ev: dict, tasks_dir: Path):

@@ -1,44 +1,35 @@
 """Scores reused across runs: a checkpoint's evaluation kept in the cache, keyed by what decides it.
 
-The key hashes the checkpoint's files (weights, config, tokenizer; not its model card), the task files the run
-wrote (`<run>/eval_tasks/`), the eval settings, the model loader's settings and lm-eval's version. Any run or
-sweep candidate that scores the same weights on the same tasks the same way gets the kept result and
-per-problem samples instead of a new evaluation (the base model's, every rerun of a candidate, two recipes
-that share a stage), which the run's log says. A Hub model is keyed by the files of its cached snapshot;
-one that is not in the local Hub cache is scored without reuse. Entries live in `<cache_dir>/scores/<key>/`;
-delete that folder to score everything anew.
+The key (`pipeline.keys`' rule) hashes the checkpoint's files by their paths inside it and their bytes (weights,
+config, tokenizer; not its model card), the contents of the task files the run wrote (`<run>/eval_tasks/`) and of
+`eval.include_path`, with the data files they name, the eval settings, the model loader's settings and the versions
+of lm-eval, torch, transformers, tokenizers (and vLLM for its backend). Where the model lies (a Hub snapshot, a
+folder under `.cache`) is in no key. Any run or sweep candidate that scores the same weights on the same tasks the
+same way gets the kept result and per-problem samples instead of a new evaluation (the base model's, every rerun of
+a candidate, two recipes that share a stage), which the run's log says. An entry holds the digest of the model it
+scored, compared before it is used: a mismatch, or an entry that cannot be read, is scored anew, with a warning. A
+Hub model is keyed by the files of its cached snapshot; one that is not in the local Hub cache is scored without
+reuse. Entries live in `<cache_dir>/scores/<key>/`; delete that folder to score everything anew.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
+import logging
 import shutil
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline import keys
 from pipeline.config import cache_dir
 from pipeline.evaluation import lmeval, stats
-from pipeline.files import fingerprint, temp_name, write_text
+from pipeline.files import publish_dir, temp_name, write_text
 from pipeline.runfolder import remember, samples_file
 
 RESULT = "result.json"
-NOT_WEIGHTS = {"README.md"}  # the model card changes with the run, not the model
-
-
-def _digest(files: list[Path], root: Path) -> str:
-    """sha256 of the names (relative to `root`) and contents of `files`."""
-    h = hashlib.sha256()
-    for path in sorted(files):
-        h.update(str(path.relative_to(root)).encode() + b"\0")
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                h.update(block)
-    return h.hexdigest()
+log = logging.getLogger("pipeline")
 
 
 def _model_folder(model: str | Path) -> Path | None:
@@ -53,44 +44,61 @@ def _model_folder(model: str | Path) -> Path | None:
         return None
 
 
-def score_key(model: str | Path, ev: dict, tasks_dir: Path, model_cfg: Any) -> str | None:
-    """The cache key of scoring `model` with `ev` on the task files of `tasks_dir`; None without local files."""
+def score_key(model: str | Path, ev: dict, tasks_dir: Path, model_cfg: Any) -> tuple[str, str] | None:
+    """The cache key of scoring `model` with `ev` on the task files of `tasks_dir`, and the model's digest
+    (`keys.tree_digest` of its folder); None without local files."""
     folder = _model_folder(model)
     if folder is None:
         return None
-    weights = [p for p in folder.rglob("*") if p.is_file() and p.name not in NOT_WEIGHTS and ".cache" not in p.parts]
-    tasks = [p for p in Path(tasks_dir).rglob("*") if p.is_file()]
-    loader = OmegaConf.to_container(model_cfg) if isinstance(model_cfg, DictConfig) else model_cfg
-    return fingerprint({"model": _digest(weights, folder), "tasks": _digest(tasks, Path(tasks_dir)), "eval": ev,
-                        "loader": loader, "lm_eval": metadata.version("lm_eval")})
+    digest = keys.tree_digest(folder)
+    loader = OmegaConf.to_container(model_cfg) if isinstance(model_cfg, DictConfig) else dict(model_cfg)
+    loader = {k: v for k, v in loader.items() if k not in ("name_or_path", "tokenizer", "chat_template", "revision")}
+    return keys.key({"model": digest, "eval": ev, "loader": loader, **lmeval.scoring_inputs(ev, tasks_dir)}), digest
+
+
+def _kept(entry: Path, digest: str) -> dict | None:
+    """The result kept in `entry` when it is there, readable and of the model with `digest`; else None (a bad or
+    mismatched entry is logged: the model is scored anew)."""
+    if not (entry / RESULT).is_file():
+        return None
+    try:
+        result = json.loads((entry / RESULT).read_text())
+        texts = {task: samples_file(entry, task).read_text() for task in result["samples"]}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        log.warning("kept scores %s cannot be read (%s): scoring anew", entry, err)
+        return None
+    if result.get("model_digest") != digest:
+        log.warning("kept scores %s are of another model (digest %s, this one's %s): scoring anew", entry,
+                    result.get("model_digest"), digest)
+        return None
+    return {**result, "texts": texts}
 
 
 def run_eval(model: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, cfg: DictConfig) -> dict:
-    """`lmeval.run_eval` of `model`, or the result kept for the same key (its samples written into `out_dir`; the
-    result's `reused` names the cache entry)."""
-    key = score_key(model, ev, tasks_dir, cfg.model)
-    entry = cache_dir(cfg) / "scores" / key if key else None
-    if entry is not None and (entry / RESULT).is_file():
-        result = json.loads((entry / RESULT).read_text())
-        for task in result["samples"]:
-            text = samples_file(entry, task).read_text()
+    """`lmeval.run_eval` of `model`, or the result kept for the same key and model digest (its samples written
+    into `out_dir`; the result's `reused` names the cache entry)."""
+    found = score_key(model, ev, tasks_dir, cfg.model)
+    entry, digest = (cache_dir(cfg) / "scores" / found[0], found[1]) if found else (None, None)
+    kept = _kept(entry, digest) if entry is not None else None
+    if kept is not None:
+        for task, text in kept.pop("texts").items():
             write_text(samples_file(out_dir, task), text)
             remember(samples_file(out_dir, task), stats.problem_scores(text))
-        return {**result, "reused": str(entry)}
-    result = lmeval.run_eval(model, ev, tasks_dir, out_dir, cfg.model)
+        return {**kept, "reused": str(entry)}
+    result = {**lmeval.run_eval(model, ev, tasks_dir, out_dir, cfg.model), "model_digest": digest}
     if entry is not None:
         _keep(entry, result, out_dir)
     return result
 
 
 def _keep(entry: Path, result: dict, out_dir: Path) -> None:
-    """Store `result` and its samples under `entry`, whole or not at all (built aside, then renamed)."""
+    """Store `result` and its samples under `entry`, whole or not at all (built aside, synced, then renamed,
+    `files.publish_dir`); an unreadable entry of the same key is replaced."""
     aside = temp_name(entry)
     aside.mkdir(parents=True)
     for task in result["samples"]:
-        shutil.copyfile(samples_file(out_dir, task), samples_file(aside, task))
-    (aside / RESULT).write_text(json.dumps(result, default=str))
-    try:
-        os.rename(aside, entry)
-    except OSError:  # another process kept the same scores first
-        shutil.rmtree(aside, ignore_errors=True)
+        write_text(samples_file(aside, task), samples_file(out_dir, task).read_text())
+    write_text(aside / RESULT, json.dumps(result, default=str))
+    if entry.is_dir() and _kept(entry, result["model_digest"]) is None:
+        shutil.rmtree(entry, ignore_errors=True)  # unreadable or another model's: what this process scored replaces it
+    publish_dir(aside, entry)  # another process that kept the same scores first wins

@@ -65,7 +65,7 @@ def architecture(cfg: Any) -> tuple[Path, dict]:
     """Where the base checkpoint is or will be, and its shape from the settings (an upper bound on the
     vocabulary: the tokenizer may learn fewer tokens). Builds nothing."""
     t = cfg.tiny
-    path = data.tiny_dir(cache_dir(cfg), _settings(cfg), cfg.seed) / "model"
+    path = data.tiny_dir(cache_dir(cfg), _settings(cfg), cfg.model, cfg.seed) / "model"
     return path, {"vocab_size": t.vocab_size, "hidden_size": t.hidden_size, "num_hidden_layers": t.num_layers,
                   "intermediate_size": t.intermediate_size, "num_attention_heads": t.num_heads,
                   "tie_word_embeddings": True}

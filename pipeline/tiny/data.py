@@ -22,10 +22,13 @@ import json
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.config import cache_dir, fingerprint_view
+from pipeline import keys
+from pipeline.config import ModelConfig, cache_dir, fingerprint_view
+from pipeline.data.chat import template_text
 from pipeline.files import atomic_dir, fingerprint
 from pipeline.tiny.settings import TinyConfig
 
@@ -164,11 +167,18 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
     return {**splits, "validation": _gsm(draw(rng, params["validation_examples"], steps, "validation"))}
 
 
-def tiny_dir(cache: Path, tiny: dict, seed: int) -> Path:
-    """The cache folder of this tiny setup's tokenizer and model, keyed by all tiny settings and the training
-    seed its pretraining ran with."""
-    key = {**fingerprint_view(tiny, TinyConfig), "version": DATA_VERSION, "pretrain_seed": seed}
-    return Path(cache) / f"tiny-{fingerprint(key)}"
+def tiny_dir(cache: Path, tiny: dict, model_cfg: Any, seed: int) -> Path:
+    """The cache folder of this tiny setup's tokenizer and model (`pipeline.keys`' rule), keyed by all tiny
+    settings, the `model.*` settings its pretraining ran with (precision, dtype, attention kernel, the chat template's
+    text), the training seed and the versions of the libraries that trained it."""
+    model = fingerprint_view(OmegaConf.to_container(model_cfg) if isinstance(model_cfg, DictConfig) else
+                             dict(model_cfg), ModelConfig)
+    loader = {k: v for k, v in model.items() if k not in ("name_or_path", "tokenizer", "chat_template", "revision")}
+    if model.get("chat_template"):
+        loader["chat_template"] = hashlib.sha256(template_text(model["chat_template"]).encode()).hexdigest()
+    key = keys.key({**fingerprint_view(tiny, TinyConfig), "version": DATA_VERSION, "pretrain_seed": seed,
+                    "model": loader, "libraries": keys.versions(keys.TRAINING)})
+    return Path(cache) / f"tiny-{key}"
 
 
 def data_dir(cache: Path, tiny: dict) -> Path:

@@ -94,7 +94,7 @@ def ensure_base_model(cache_dir: Path, tiny: Any, model_cfg: Any, seed: int) -> 
     of a world never split between building and loading.
     """
     params = OmegaConf.to_container(tiny)
-    root = tiny_dir(cache_dir, params, seed)
+    root = tiny_dir(cache_dir, params, model_cfg, seed)
     if main_value((root / "model").is_dir()):
         return root / "model"
     init = root / "init"

@@ -1,0 +1,127 @@
+"""The one rule for every key the pipeline reuses by, and the functions every key is built with.
+
+A key names content that is reused instead of being made again. It is computed from what decides that content, and
+from nothing else:
+
+- **files by their bytes**, each named by its path relative to the folder it belongs to, symlinks followed
+  (`tree_digest`, `file_digest`): a checkpoint, a task folder, a chat template, a data file. A path written inside
+  a task file stands for the contents of what it names (`text_digest`). Never an absolute path, the working
+  directory, the run's name or folder, or where a cache lies: moving a checkout or a run folder, another output
+  root, or a model kept under `.cache` or in a Hub snapshot changes no key;
+- **the settings that change the result** (the config views of `pipeline.config`);
+- **Hub models and datasets by their revision**: a commit (40 hex digits, `pinned`) names fixed content; a branch
+  moves, and what is keyed on it does not see the move (the plan says so for each unpinned source);
+- **the versions of the libraries that make the content** (`versions`);
+- **`FORMAT`** (through `key`): bumped when what a key holds changes, so that entries made under older keys are
+  never trusted.
+
+The keys (docs/reliability.md lists what each holds): the base fingerprint (`chain/resume.base_fingerprint`), a
+stage's fingerprint, its inputs and its prepared-data key, the eval fingerprint (`chain/resume.decide`), a sweep
+candidate's fingerprint (`chain/sweep.candidate_fingerprint`), a mixture source's fingerprint
+(`data/mixtures.fingerprints`), the score cache's key (`evaluation/scorecache.score_key`), the tokenised cache's
+key (`data/tokcache.cache_key`) and a built tiny base model's folder (`tiny/data.tiny_dir`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from importlib import metadata
+from pathlib import Path
+
+from pipeline.files import fingerprint, sha256_file
+
+FORMAT = 2  # bump when what any key holds changes: entries kept under older keys are then never found
+NOT_CONTENT = ("README.md",)  # a model card changes with the run that wrote it, not with the model
+SCORING = ("torch", "transformers", "tokenizers", "lm_eval")  # the libraries that decide a score
+TRAINING = ("torch", "transformers", "tokenizers", "trl", "datasets")  # ... a tokenisation, a built model
+# an absolute path written in a task file: what it names decides the task, where it lies does not
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/)[^\s\"'<>|,;\]\[{}()]*[^\s\"'<>|,;\]\[{}().]")
+
+
+def key(obj: dict) -> str:
+    """A key: the short hash of `obj` with the key `FORMAT` in it."""
+    return fingerprint({"format": FORMAT, **obj})
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes (through symlinks)."""
+    return sha256_file(Path(path))
+
+
+def _files(folder: Path, skip: tuple[str, ...]) -> list[Path]:
+    """Every file under `folder`, symlinks followed, without those whose first part relative to `folder` is in
+    `skip` or is `.cache` (a local Hub download's own bookkeeping)."""
+    out = []
+    for base, dirs, names in os.walk(folder, followlinks=True):
+        rel = Path(base).relative_to(folder)
+        if rel.parts and (rel.parts[0] == ".cache" or rel.parts[0] in skip):
+            dirs[:] = []
+            continue
+        out += [Path(base) / n for n in names if rel.parts or n not in skip]
+    return sorted(out)
+
+
+def tree_digest(folder: str | Path, skip: tuple[str, ...] = NOT_CONTENT) -> str:
+    """sha256 of the files of `folder` (`_files`): each one's path relative to `folder` and its bytes. Where the
+    folder lies (an absolute path, a `.cache` or `huggingface/hub` above it, a symlinked snapshot) changes
+    nothing."""
+    folder, h = Path(folder), hashlib.sha256()
+    for path in _files(folder, skip):
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0" + file_digest(path).encode())
+    return h.hexdigest()
+
+
+def path_digest(path: str | Path) -> str:
+    """The contents of a file (`file_digest`) or a folder (`tree_digest`, nothing skipped) at `path`."""
+    path = Path(path).expanduser()
+    return tree_digest(path, ()) if path.is_dir() else file_digest(path)
+
+
+def text_digest(text: str) -> str:
+    """sha256 of `text` with each absolute path in it that names a file or folder replaced by that file's or
+    folder's contents (`path_digest`): a task YAML that names a data file is keyed by the data, not its place."""
+
+    def contents(found: re.Match) -> str:
+        path = Path(found.group(0)).expanduser()
+        named = path.is_file() or (path.is_dir() and len(path.parts) > 3)  # not a system folder such as /tmp
+        return f"<{path_digest(path)}>" if named else found.group(0)
+
+    return hashlib.sha256(ABSOLUTE_PATH.sub(contents, text).encode()).hexdigest()
+
+
+def tasks_digest(*folders: str | Path | None) -> str:
+    """What decides a set of lm-eval tasks: every file of `folders` (the run's written tasks, `eval.include_path`)
+    by its name relative to its folder and its contents, paths in a text file standing for what they name
+    (`text_digest`); a folder that is None or absent adds nothing."""
+    h = hashlib.sha256()
+    for i, folder in enumerate(Path(f) for f in folders if f):
+        if not folder.is_dir():
+            continue
+        for path in _files(folder, ()):
+            try:
+                digest = text_digest(path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError:  # a data file in the folder: its bytes
+                digest = file_digest(path)
+            h.update(f"{i}/{path.relative_to(folder).as_posix()}".encode() + b"\0" + digest.encode())
+    return h.hexdigest()
+
+
+def versions(names: tuple[str, ...] = SCORING) -> dict[str, str | None]:
+    """The installed versions of the distributions `names` (None: not installed)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def pinned(revision: str | None) -> bool:
+    """Whether `revision` names one commit (40 hex digits) rather than a branch or tag that moves."""
+    return bool(revision) and COMMIT.fullmatch(str(revision)) is not None
