@@ -329,3 +329,16 @@ def test_scoring_inputs_name_vllm_only_for_its_backend(tmp_path):
     tasks = _tasks(tmp_path)
     assert "vllm" in lmeval.scoring_inputs({**EV, "backend": "vllm"}, tasks)["libraries"]
     assert "vllm" not in lmeval.scoring_inputs(EV, tasks)["libraries"]
+
+
+def test_the_plan_says_which_hub_sources_move(tmp_path):
+    from pipeline.chain.plan import build, report
+
+    cfg = ["recipe=smol", f"output_root={tmp_path}", "plan=true"]
+    plan = build(load_config(cfg))
+    assert plan["model"]["pinned"] is False
+    assert all(s["pinned"] is False for s in plan["stages"][0]["datasets"][0]["sources"])
+    assert "revision main is a branch: it moves" in report(load_config(cfg))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    assert build(load_config([*cfg, f"model.revision={commit}"]))["model"]["pinned"] is True
+    assert "is a branch" not in report(load_config([*cfg, f"model.revision={commit}"])).split("data weights")[0]

@@ -25,6 +25,7 @@ from pipeline.chain.basemodel import architecture
 from pipeline.config import ConfigError, grid, kind_of, sweeps
 from pipeline.data.mixtures import load_spec, source_name, stage_mixtures
 from pipeline.evaluation import power
+from pipeline.keys import pinned
 from pipeline.runfolder import RunPaths, model_dir, run_dir, stage_dir
 from pipeline.settings import data_source
 from pipeline.train.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
@@ -60,8 +61,10 @@ def _model(cfg: DictConfig) -> dict:
         params, source = cfg.plan.params, "plan.params"
     config = config or {}
     checkpoint = f"{path}{'' if path.is_dir() else ' (built on first use)'}" if settings else name
+    hub = not settings and not path.exists()
     return {"name": name, "checkpoint": checkpoint, "params": params, "layers": config.get("num_hidden_layers", 0),
-            "hidden": config.get("hidden_size", 0), "source": source}
+            "hidden": config.get("hidden_size", 0), "source": source,
+            **({"revision": cfg.model.revision, "pinned": pinned(cfg.model.revision)} if hub else {})}
 
 
 def _tokens(cfg: DictConfig, name: str) -> tuple[float | None, str]:
@@ -92,8 +95,9 @@ def _datasets(cfg: DictConfig, name: str) -> list[dict]:
     out = []
     for mixture in stage_mixtures(cfg, name):
         role = "train" if mixture == data_source(cfg[name]) else "on-policy prompts"
-        sources = [{"source": s.path or (f"{s.hub}[{s.name}/{s.split}]" if s.hub else f"{s.generator}:{s.split}"),
-                    "weight": s.weight} for s in load_spec(mixture).sources]
+        sources = [{"source": s.path or (f"{s.hub}[{s.name}/{s.split}]@{s.revision}" if s.hub else
+                                         f"{s.generator}:{s.split}"), "weight": s.weight,
+                    **({"pinned": pinned(s.revision)} if s.hub else {})} for s in load_spec(mixture).sources]
         out.append({"mixture": str(mixture), "role": role, "sources": sources})
     return out
 
@@ -202,6 +206,8 @@ def report(cfg: DictConfig, sources: dict[str, str] | None = None) -> str:
         f"ESTIMATES (not measurements) assume {a['num_gpus']} x {a['gpu']} at MFU {a['mfu']:g} of "
         f"{a['peak_flops'] / 1e12:g} TFLOP/s ({a['precision']})",
         f"  FLOPs/token = {a['flops_per_token']}", f"  sweeps: {a['sweeps']}", f"  not counted: {a['not_counted']}",
+        *([f"  revision {m['revision']} is a branch: it moves, and stages keyed on it do not see the move (pin a "
+           "commit: model.revision=<40 hex digits>)"] if m.get("pinned") is False else []),
         "data weights: <= 1 a fraction of the source's rows, > 1 a number of rows",
         *(_provenance(plan["provenance"]) if plan["provenance"] else []),
     ]
@@ -213,7 +219,9 @@ def report(cfg: DictConfig, sources: dict[str, str] | None = None) -> str:
                   f"    output:  {s['output']}"]
         for d in s["datasets"]:
             lines.append(f"    data:    {d['mixture']} ({d['role']}; weight, source)")
-            lines += [f"             {src['weight']:<6g} {src['source']}" for src in d["sources"]]
+            lines += [f"             {src['weight']:<6g} {src['source']}" + (" (a branch: it moves; pin a commit)" if
+                                                                             src.get("pinned") is False else "")
+                      for src in d["sources"]]
         if "sweep" in s:
             sw = s["sweep"]
             lines.append(f"    sweep:   {len(sw['candidates'])} candidate(s) under {s['dir']}/candidates/: "
