@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline import keys
 from pipeline.files import RunLock, fingerprint, write_json, write_text
 
 BASE = "00-base"
@@ -308,6 +309,7 @@ class StageRecord:
     redone: bool | None = None  # trained by a redo= request of the user (a requeue of it resumes, not redoes)
     prepared: str | None = None  # the key of the data the stage prepared in its folder (pairs, samples)
     output_model: str | None = None
+    model_digest: str | None = None  # `keys.tree_digest` of its model/ when it was saved: checked before reuse
     metrics: dict | None = None  # training metrics
     wall_time_s: float | None = None
     eval: dict | None = None  # lm-eval result
@@ -388,6 +390,18 @@ class Trained:
     metrics: dict
     eval: dict | None = None
     config: dict | None = None
+
+
+def model_changed(record: StageRecord, folder: Path) -> str | None:
+    """What is wrong when `folder`'s model/ is not the model its record says was saved there (its digest,
+    `model_digest`, differs); None when it is the same, or the record holds no digest."""
+    if not record.model_digest or not model_dir(folder).is_dir():
+        return None
+    now = keys.tree_digest(model_dir(folder))
+    if now == record.model_digest:
+        return None
+    return (f"{model_dir(folder)} is not the model saved there (its files digest to {now[:16]}, the record says "
+            f"{record.model_digest[:16]})")
 
 
 def finished(record: StageRecord, folder: Path, fingerprint: str | None = None) -> bool:

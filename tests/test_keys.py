@@ -285,7 +285,7 @@ def test_candidates_scored_under_other_eval_settings_are_scored_again(tmp_path):
 
     def score(model: Path, out: Path) -> dict:
         scored.append(model.parent.name)
-        return {"metrics": {}}
+        return {"metrics": {}, "model_digest": keys.tree_digest(model)}  # as the score cache's result holds it
 
     ev = {**EV, "tasks": ["my_task"]}
     tasks = _tasks(tmp_path / "w")
@@ -300,6 +300,12 @@ def test_candidates_scored_under_other_eval_settings_are_scored_again(tmp_path):
         sweep.train_candidates(ctx, "inputs", [{"id": "a", "beta": 0.1}], train, other)
         assert trained == [] and scored == ["a"], change
         scored.clear()
+    # a candidate whose model changed after it was scored is scored anew, never ranked on the old scores
+    (ctx.stage_dir / "candidates" / "b" / "model" / "model.safetensors").write_bytes(b"edited")
+    sweep.train_candidates(ctx, "inputs", [{"id": "b", "beta": 0.5}], train, first)
+    assert trained == [] and scored == ["b"]
+    sweep.train_candidates(ctx, "inputs", [{"id": "b", "beta": 0.5}], train, first)
+    assert scored == ["b"]  # and kept under the new files' digest
 
 
 def test_swept_truncation_gets_its_own_reference_log_probs(tmp_path):

@@ -78,3 +78,8 @@ def test_an_edited_mixture_is_refused_naming_the_stage_then_redone(tmp_path, cac
     redone = smol(*args, "redo=[sft]")
     assert redone.returncode == 0, redone.stderr[-3000:]
     assert "sft: training" in redone.stderr and scorings(redone.stderr, "01-sft") == ["scored in"]
+    config = tmp_path / "tiny" / "stages" / "01-sft" / "model" / "config.json"
+    config.write_text(config.read_text() + "\n")  # a finished stage's model edited by hand
+    edited = smol(*args)
+    assert edited.returncode == 2, edited.stderr[-3000:]
+    assert "stage 01-sft finished, but" in edited.stderr and "is not the model saved there" in edited.stderr

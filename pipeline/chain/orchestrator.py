@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import errors, faults, logs, redact
+from pipeline import errors, faults, keys, logs, redact
 from pipeline.chain import manifest, outcome, preflight, ranks, sweep
 from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
@@ -42,6 +42,7 @@ from pipeline.runfolder import (
     drop_work,
     eval_dir,
     leaderboard_file,
+    model_changed,
     model_dir,
     run_dir,
     samples_dir,
@@ -296,6 +297,8 @@ def _run_chain(run: Run) -> int:
         outcome.enter(d.dir.name)
         _freeze_survivors()
         preempt.check_together(f"before stage {d.dir.name}")
+        if d.action in ("reuse", "evaluate"):
+            ranks.collectively(_check_model, run, d)
         if d.action == "reuse":
             log.info("%s: reusing finished stage %s (fingerprint %s)", _label(run, d), d.dir, d.fingerprint)
             _forget_redo(run, d)
@@ -322,6 +325,15 @@ def _freeze_survivors() -> None:
     many."""
     gc.collect()
     gc.freeze()
+
+
+def _check_model(run: Run, d: StageDecision) -> None:
+    """Refuse (exit 2) a finished stage whose model folder is not the model it saved (the main process reads it)."""
+    problem = model_changed(StageRecord.read(d.dir), d.dir) if run.main else None
+    if problem:
+        raise ConfigError(f"stage {d.dir.name} finished, but {problem}: it was changed after training, and neither "
+                          f"its scores nor the stages after it can be trusted on it; to retrain it and every stage "
+                          f"after it add redo=[{d.name}], or use a new run_name")
 
 
 def _forget_redo(run: Run, d: StageDecision) -> None:
@@ -401,6 +413,7 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
                  run.cfg[d.name].candidate, d.name)
         return False
     record.status, record.output_model = "trained", str(model_dir(d.dir))
+    record.model_digest = keys.tree_digest(model_dir(d.dir)) if run.main else None  # the main process writes it
     record.metrics, record.wall_time_s = result.metrics, round(time.time() - t0, 2)
     if result.config:  # a sweep: the selected candidate's settings (the record's config stays the stage's)
         record.metrics = {**record.metrics, "trained_with": result.config}

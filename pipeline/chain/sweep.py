@@ -40,6 +40,7 @@ from pipeline.runfolder import (
     eval_dir,
     finished,
     input_stage,
+    model_changed,
     model_dir,
     run_root,
     samples_dir,
@@ -64,9 +65,15 @@ class Scorer:
     key: str | None
 
 
-def scored(record: StageRecord, scorer: Scorer) -> bool:
-    """Whether a candidate's record holds its scores under `scorer`'s key."""
-    return record.status == "done" and record.eval_fingerprint == scorer.key
+def scored(record: StageRecord, folder: Path, scorer: Scorer) -> bool:
+    """Whether a candidate's record holds its scores under `scorer`'s key, of the model its folder holds (one
+    changed since it was scored is scored anew, with a warning)."""
+    if not (record.status == "done" and record.eval_fingerprint == scorer.key):
+        return False
+    problem = model_changed(record, folder)
+    if problem:
+        log.warning("candidate %s: %s; scoring it anew", folder.name, problem)
+    return problem is None
 
 
 def selection_settings(ev: dict, metric: str, tie_break: str = "") -> dict:
@@ -114,6 +121,7 @@ def _score(record: StageRecord, out: Path, scorer: Scorer) -> StageRecord:
     """Score a finished candidate (main process), write its stage.json last; every rank reads it back."""
     record.status, record.output_model, record.eval_fingerprint = "done", str(model_dir(out)), scorer.key
     record.eval = scorer.score(model_dir(out), samples_dir(out))  # the main process scores; the others get nothing
+    record.model_digest = record.eval.get("model_digest", record.model_digest)  # the files it scored
     record.write(out)  # written last (main process); every rank reads it back
     return StageRecord.read(out)
 
@@ -132,7 +140,7 @@ def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, scorer:
     trained from scratch (or re-scored)."""
     cctx, fp = ctx.for_candidate(cand), candidate_fingerprint(ctx, inputs, cand)
     record = StageRecord.read(cctx.out_dir)
-    if finished(record, cctx.out_dir, fp) and scored(record, scorer):
+    if finished(record, cctx.out_dir, fp) and scored(record, cctx.out_dir, scorer):
         log.info("candidate %s: reusing", cand["id"])
         drop_work(cctx.out_dir)  # left when a kill came between its record and the removal
         return record
@@ -178,7 +186,7 @@ def _combine(ctx: StageContext, inputs: str, kind: str, models: list[Path], weig
     made_of = [StageRecord.read(Path(m).parent).fingerprint for m in models]  # its ingredients, wherever they lie
     fp = fingerprint({"inputs": inputs, kind: made_of, "weights": weights})
     record = StageRecord.read(out)
-    if finished(record, out, fp) and scored(record, scorer):
+    if finished(record, out, fp) and scored(record, out, scorer):
         return record
     with preempt.main_only(f"making the {kind}") as main:
         if main and weights is None:
