@@ -21,6 +21,7 @@ folder resumes; a path outside it (the base model) is stored as given.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -48,13 +49,14 @@ T = TypeVar("T")
 
 class RunState:
     """What the chain holds in memory of the files it writes into its run folder while it runs (`held`): each
-    `stage.json` record, the manifest, each eval folder's per-problem scores, as read back they would be; the
-    records, reports and statistics it builds after every stage read none of them from disk again. An entry stands
-    for its file only while the file is the one this process wrote (same inode, size and modification time): a
-    file rewritten or removed since is read from disk, as is every file another process wrote."""
+    `stage.json` record, the manifest, each eval folder's per-problem scores, as parsed back they would be; the
+    records, reports and statistics it builds after every stage parse none of them again. An entry stands for its
+    file only while the file's bytes are the ones this process wrote (their sha256): every recall reads the file, so
+    a file rewritten by another process or host, or removed, is never answered from memory (no inode, size or
+    modification time is trusted: a network filesystem can answer those from an old cache)."""
 
     def __init__(self) -> None:
-        self.files: dict[Path, tuple[tuple[int, int, int], Any]] = {}  # path -> (its stamp, its parsed content)
+        self.files: dict[Path, tuple[str, Any]] = {}  # path -> (sha256 of the bytes written, their parsed content)
 
     @contextmanager
     def held(self) -> Iterator[RunState]:
@@ -69,41 +71,48 @@ class RunState:
 _held: list[RunState] = []  # the held states, innermost last
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What identifies the file now at `path` (inode, size, modification time); None when there is none."""
+def _read(path: Path) -> tuple[str, bytes] | None:
+    """The sha256 and bytes of the file now at `path`; None when there is none."""
     try:
-        st = os.stat(path)
+        data = Path(path).read_bytes()
     except OSError:
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    return hashlib.sha256(data).hexdigest(), data
 
 
 def remember(path: Path, value: Any) -> None:
-    """Right after this process wrote the file `path`: keep `value`, what reading it back would give, in the held
-    `RunState` (if any)."""
-    stamp = _stamp(path) if _held else None
-    if stamp is not None:
-        _held[-1].files[Path(path)] = (stamp, value)
+    """Right after this process wrote the file `path`: keep `value`, what parsing it back would give, in the held
+    `RunState` (if any), with the digest of the bytes written."""
+    found = _read(path) if _held else None
+    if found is not None:
+        _held[-1].files[Path(path)] = (found[0], value)
 
 
 def recall(path: Path, parse: Callable[[str], T]) -> T | None:
-    """`parse` of the text of the file `path`: what the held `RunState` keeps while the file is still the one this
-    process wrote, else read from disk; None when it is absent or unreadable (`parse` raising ValueError)."""
+    """`parse` of the text of the file `path`: what the held `RunState` keeps while the file's bytes are still the
+    ones this process wrote, else parsed from them; None when it is absent or unreadable (`parse` raising
+    ValueError)."""
+    found = _read(path)
+    if found is None:
+        return None
     kept = _held[-1].files.get(Path(path)) if _held else None
-    if kept is not None and kept[0] == _stamp(path):
+    if kept is not None and kept[0] == found[0]:
         return kept[1]
     try:
-        return parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return parse(found[1].decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError included
         return None
 
 
 def copy_kept(source: Path, dest: Path) -> None:
     """Copy the file `source` to `dest` (atomically); what the held `RunState` keeps of `source` while it is this
     process's file, it keeps of the copy too."""
+    found = _read(source)
+    if found is None:
+        raise FileNotFoundError(source)
     kept = _held[-1].files.get(Path(source)) if _held else None
-    write_text(dest, Path(source).read_text(encoding="utf-8"))
-    if kept is not None and kept[0] == _stamp(source):
+    write_text(dest, found[1].decode("utf-8"))
+    if kept is not None and kept[0] == found[0]:
         remember(dest, kept[1])
 
 

@@ -1,5 +1,6 @@
 """The run's state in memory (`runfolder.RunState`): while the chain holds it, the records, the manifest and the
-per-problem scores it wrote are read back from memory, never from its own files; a file rewritten since is read."""
+per-problem scores it wrote are taken from memory, never parsed again from its own files, while their bytes are the
+ones it wrote; a file rewritten since, even with the same inode, size and modification time, is parsed anew."""
 
 from __future__ import annotations
 
@@ -48,6 +49,22 @@ def test_a_held_state_gives_back_what_this_process_wrote_and_reads_what_another_
         assert StageRecord.read(folder).status == "stale"
         assert sum(stats.per_problem(scored, METRIC).values()) == 30
     assert StageRecord.read(folder).status == "stale"  # not held: from disk
+
+
+def test_a_file_rewritten_with_the_same_size_and_time_is_read_anew(tmp_path):
+    """What a network filesystem's attribute cache shows: another host's rewrite with the same inode, size and
+    modification time. The memo compares the bytes, not the stamp."""
+    folder = tmp_path / "stages" / "01-sft"
+    with RunState().held():
+        StageRecord(stage="sft", index=1, status="done").write(folder)
+        path = folder / "stage.json"
+        before, text = os.stat(path), path.read_text()
+        with open(path, "r+", encoding="utf-8") as fh:  # in place: the same inode
+            fh.write(text.replace('"done"', '"stal"'))
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = os.stat(path)
+        assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+        assert StageRecord.read(folder).status == "stal"
 
 
 def test_a_chain_reads_back_none_of_the_files_it_wrote(request, monkeypatch):

@@ -97,7 +97,7 @@ def _keep(entry: Path, result: dict, out_dir: Path) -> None:
     aside = temp_name(entry)
     aside.mkdir(parents=True)
     for task in result["samples"]:
-        write_text(samples_file(aside, task), samples_file(out_dir, task).read_text())
+        shutil.copyfile(samples_file(out_dir, task), samples_file(aside, task))
     write_text(aside / RESULT, json.dumps(result, default=str))
     if entry.is_dir() and _kept(entry, result["model_digest"]) is None:
         shutil.rmtree(entry, ignore_errors=True)  # unreadable or another model's: what this process scored replaces it
