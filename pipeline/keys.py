@@ -29,6 +29,7 @@ import os
 import re
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from pipeline.files import fingerprint, sha256_file
 
@@ -77,6 +78,19 @@ def path_digest(path: str | Path) -> str:
     """The contents of a file (`file_digest`) or a folder (`tree_digest`, nothing skipped) at `path`."""
     path = Path(path).expanduser()
     return tree_digest(path, ()) if path.is_dir() else file_digest(path)
+
+
+def by_contents(value: Any) -> Any:
+    """`value` (a config view: mappings, lists, scalars) with every string that is a path (absolute, `~`, `./` or
+    `../`) naming an existing file or folder replaced by its contents (`path_digest`): a setting that points at a
+    mixture file, a data folder or a reward model keys what it points at, wherever that lies."""
+    if isinstance(value, dict):
+        return {k: by_contents(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [by_contents(v) for v in value]
+    if isinstance(value, str) and value.startswith(("/", "~", "./", "../")) and Path(value).expanduser().exists():
+        return {"contents": path_digest(value)}
+    return value
 
 
 def text_digest(text: str) -> str:

@@ -222,6 +222,25 @@ def test_a_mixture_edit_changes_its_fingerprint_and_the_stage_fingerprint(tmp_pa
     assert stage_fp(before) != stage_fp(after)
 
 
+@pytest.mark.parametrize("setting", ["mixture", "data"])
+def test_a_moved_checkout_keeps_every_stage_fingerprint(tmp_path, setting):
+    """A stage's settings that name a path (a mixture file, a data folder) key what they name, not where."""
+    def decisions(folder: Path) -> list[tuple[str, str]]:
+        value = [f"midtrain.mixture={folder / 'mix.yaml'}"] if setting == "mixture" else [
+            "midtrain.mixture=", f"midtrain.data={folder}"]
+        cfg = load_config(["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={tmp_path / 'c'}",
+                           "stages=[midtrain,sft]", *value, "eval.tasks=[]",
+                           "midtrain.gate.metric=", "sft.gate.metric="])
+        return [(d.fingerprint, d.prepared) for d in decide(cfg, tmp_path / "run")]
+
+    _mixture(tmp_path / "checkout")
+    before = decisions(tmp_path / "checkout")
+    shutil.move(tmp_path / "checkout", tmp_path / "moved")
+    assert decisions(tmp_path / "moved") == before
+    (tmp_path / "moved" / "rows.jsonl").write_text('{"text": "other"}\n')
+    assert decisions(tmp_path / "moved")[0] != before[0]
+
+
 def test_a_moved_mixture_keeps_its_fingerprint(tmp_path):
     cfg = load_config(["recipe=tiny", f"output_root={tmp_path}"])
     before = fingerprints(_mixture(tmp_path / "checkout"), cfg)

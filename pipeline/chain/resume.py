@@ -142,7 +142,7 @@ def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
         sources = [fp for mix in data.stage_mixtures(cfg, name) for fp in data.fingerprints(mix, cfg)]
         config, schema = stage_section(cfg, name), OmegaConf.get_type(cfg[name])
         inputs = keys.key({"kind": name, "data": sources, "upstream": upstream, "seed": cfg.seed})
-        trains = training_view(config, schema)
+        trains = keys.by_contents(training_view(config, schema))  # a path setting: what it names
         fp = keys.key({"inputs": inputs, "config": trains})
         shared = {k: v for k, v in trains.items() if k not in (*PER_CANDIDATE, *swept(cfg[name]))}
         prepared = keys.key({"inputs": inputs, "config": shared})

@@ -25,11 +25,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pipeline import redact
+from pipeline import keys, redact
 from pipeline.chain import merge
 from pipeline.config import ConfigError, stage_section, swept, training_view
 from pipeline.evaluation import stats
-from pipeline.files import atomic_dir, fingerprint
+from pipeline.files import atomic_dir
 from pipeline.runfolder import (
     StageContext,
     StageRecord,
@@ -131,8 +131,8 @@ def candidate_fingerprint(ctx: StageContext, inputs: str, cand: dict) -> str:
     (the stage's settings with the candidate's over them, not the grid, soup or merge): other candidates, a grid
     that grows or a changed soup leave it as it was."""
     section = stage_section(ctx.cfg, ctx.name, {k: v for k, v in cand.items() if k != "id"})
-    trains = training_view(section, OmegaConf.get_type(ctx.cfg[ctx.name]))
-    return fingerprint({"inputs": inputs, "config": {k: v for k, v in trains.items() if k not in NOT_TRAINING}})
+    trains = keys.by_contents(training_view(section, OmegaConf.get_type(ctx.cfg[ctx.name])))
+    return keys.key({"inputs": inputs, "config": {k: v for k, v in trains.items() if k not in NOT_TRAINING}})
 
 
 def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, scorer: Scorer) -> StageRecord:
@@ -184,7 +184,7 @@ def _combine(ctx: StageContext, inputs: str, kind: str, models: list[Path], weig
     out = candidate_dir(ctx.stage_dir, kind)
     sources = [stored_path(m, run_root(out)) for m in models]  # relative to the run folder: it may move
     made_of = [StageRecord.read(Path(m).parent).fingerprint for m in models]  # its ingredients, wherever they lie
-    fp = fingerprint({"inputs": inputs, kind: made_of, "weights": weights})
+    fp = keys.key({"inputs": inputs, kind: made_of, "weights": weights})
     record = StageRecord.read(out)
     if finished(record, out, fp) and scored(record, out, scorer):
         return record
