@@ -9,8 +9,9 @@ from nothing else:
   directory, the run's name or folder, or where a cache lies: moving a checkout or a run folder, another output
   root, or a model kept under `.cache` or in a Hub snapshot changes no key;
 - **the settings that change the result** (the config views of `pipeline.config`);
-- **Hub models and datasets by their revision**: a commit (40 hex digits, `pinned`) names fixed content; a branch
-  moves, and what is keyed on it does not see the move (the plan says so for each unpinned source);
+- **Hub models and datasets by commit**: a branch or tag is resolved to a commit once per run folder
+  (chain/revisions.py, `hub_commit`) and keys hold the commit (`resolved`); one that cannot be resolved stays a
+  branch name, which the log and the plan say moves;
 - **the versions of the libraries that make the content** (`versions`);
 - **`FORMAT`** (through `key`): bumped when what a key holds changes, so that entries made under older keys are
   never trusted.
@@ -139,3 +140,53 @@ COMMIT = re.compile(r"[0-9a-f]{40}")
 def pinned(revision: str | None) -> bool:
     """Whether `revision` names one commit (40 hex digits) rather than a branch or tag that moves."""
     return bool(revision) and COMMIT.fullmatch(str(revision)) is not None
+
+
+def cached_commit(repo: str, revision: str, repo_type: str = "model") -> str | None:
+    """The commit `revision` of the Hub repository `repo` named when it was last downloaded here (the Hugging Face
+    cache's `refs/`); None when it never was."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type=repo_type) / "refs" / revision
+    try:
+        return ref.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def hub_commit(repo: str, revision: str, repo_type: str = "model") -> str | None:
+    """The commit `revision` of the Hub repository `repo` names now: itself when it is one, else the Hub's answer
+    (online), else the local cache's (`cached_commit`); None when neither knows."""
+    import huggingface_hub
+
+    if pinned(revision):
+        return revision
+    if not huggingface_hub.constants.HF_HUB_OFFLINE:
+        api = huggingface_hub.HfApi()
+        info = api.model_info if repo_type == "model" else api.dataset_info
+        try:
+            return info(repo, revision=revision, timeout=15).sha
+        except Exception:  # noqa: BLE001 - unreachable, gated, unknown: the cache's word, else the load tells
+            pass
+    return cached_commit(repo, revision, repo_type)
+
+
+_pins: dict[str, str] = {}  # ref_name(...) -> the commit this run reads it at (`use_pins`)
+
+
+def ref_name(repo_type: str, repo: str, revision: str) -> str:
+    """A Hub reference as the run's pins name it: `dataset:org/name@main`."""
+    return f"{repo_type}:{repo}@{revision}"
+
+
+def use_pins(pins: dict[str, str]) -> None:
+    """Read every Hub reference of `pins` (`ref_name` -> commit) at its commit from now on in this process
+    (`resolved`); the run pins its references once at start (chain/revisions.py)."""
+    _pins.clear()
+    _pins.update(pins)
+
+
+def resolved(repo: str, revision: str, repo_type: str) -> str:
+    """The revision this process reads `repo` at: the commit the run pinned `revision` to, else `revision`."""
+    return _pins.get(ref_name(repo_type, repo, revision or "main"), revision or "main")

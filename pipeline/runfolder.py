@@ -179,6 +179,11 @@ class RunPaths:
         return Path(self.root) / "mlruns"
 
     @property
+    def hub_revisions(self) -> Path:
+        """`hub_revisions.json`: the commit each Hub branch or tag the run reads was pinned to (chain/revisions.py)."""
+        return Path(self.root) / "hub_revisions.json"
+
+    @property
     def hub_pushes(self) -> Path:
         """`hub_pushes.json`: what the run pushed to the Hub, per repository and revision (`report/hub.py`)."""
         return Path(self.root) / "hub_pushes.json"

@@ -367,3 +367,39 @@ def test_the_plan_says_which_hub_sources_move(tmp_path):
     commit = "0123456789abcdef0123456789abcdef01234567"
     assert build(load_config([*cfg, f"model.revision={commit}"]))["model"]["pinned"] is True
     assert "is a branch" not in report(load_config([*cfg, f"model.revision={commit}"])).split("data weights")[0]
+
+
+def test_a_run_folder_pins_its_hub_references_and_keeps_them_after_the_branch_moves(tmp_path, monkeypatch):
+    """Reuse compares commits: a branch is resolved once per run folder (offline here: from the local Hugging Face
+    cache's refs), recorded, keyed on and read at; after the branch moves the folder keeps its commit."""
+    from huggingface_hub import constants
+
+    from pipeline.chain import revisions
+    from pipeline.chain.plan import report
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(keys, "_pins", {})
+
+    def branch_at(commit: str) -> None:
+        for folder in ("models--HuggingFaceTB--SmolLM3-3B-Base", "datasets--org--chats"):
+            (tmp_path / "hub" / folder / "refs").mkdir(parents=True, exist_ok=True)
+            (tmp_path / "hub" / folder / "refs" / "main").write_text(commit)
+
+    c1, c2 = "1" * 40, "2" * 40
+    args = ["recipe=smol", f"output_root={tmp_path}", "sft.mixture=", "sft.data=org/chats"]
+    cfg, run = load_config(args), tmp_path / "smol"
+    unpinned = decide(cfg, run)
+    branch_at(c1)
+    keys.use_pins(revisions.pin(cfg, run / "hub_revisions.json"))
+    first = decide(cfg, run)
+    assert first[0].data[0]["revision"] == c1 and first[0].upstream != unpinned[0].upstream
+    assert OmegaConf.load(run / "hub_revisions.json") == {"model:HuggingFaceTB/SmolLM3-3B-Base@main": c1,
+                                                          "dataset:org/chats@main": c1}
+    branch_at(c2)  # the branch moves
+    keys.use_pins(revisions.pin(cfg, run / "hub_revisions.json"))
+    assert [d.fingerprint for d in decide(cfg, run)] == [d.fingerprint for d in first]
+    plan = report(load_config([*args, "plan=true"]))
+    assert f"revision {c1} (a commit)" in plan and f"@{c1}" in plan
+    keys.use_pins(revisions.pin(cfg, tmp_path / "new" / "hub_revisions.json"))  # a new run folder
+    assert decide(cfg, run)[0].data[0]["revision"] == c2

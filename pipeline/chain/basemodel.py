@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from pipeline import extension
+from pipeline import extension, keys
 from pipeline.config import ConfigError
 
 log = logging.getLogger("pipeline")
@@ -102,7 +102,8 @@ NOT_LOADED = ["*.onnx", "*.onnx_data", "onnx/*", "*.gguf", "*.h5", "*.msgpack", 
 
 
 def base_model(cfg: DictConfig) -> str | Path:
-    """The base checkpoint to load: a local folder as it is; a Hub model's snapshot at `model.revision`, downloaded
+    """The base checkpoint to load: a local folder as it is; a Hub model's snapshot at the commit the run pinned
+    `model.revision` to (`keys.resolved`), downloaded
     here once (so every load, scoring and engine of the run reads the same files, whatever the branch does
     meanwhile); a built model built first, collectively on every rank."""
     if extension.builds_base(cfg):
@@ -114,10 +115,11 @@ def base_model(cfg: DictConfig) -> str | Path:
 
     from pipeline.train.distributed import main_writes
 
+    revision = keys.resolved(name, cfg.model.revision, "model")  # the commit the run pinned (chain/revisions.py)
     with main_writes() as main:  # the main process downloads; the others find it in the cache
         if main:
-            huggingface_hub.snapshot_download(name, revision=cfg.model.revision, ignore_patterns=NOT_LOADED)
-    return huggingface_hub.snapshot_download(name, revision=cfg.model.revision, ignore_patterns=NOT_LOADED,
+            huggingface_hub.snapshot_download(name, revision=revision, ignore_patterns=NOT_LOADED)
+    return huggingface_hub.snapshot_download(name, revision=revision, ignore_patterns=NOT_LOADED,
                                              local_files_only=True)
 
 

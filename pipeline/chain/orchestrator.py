@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import errors, faults, keys, logs, redact
-from pipeline.chain import manifest, outcome, preflight, ranks, sweep
+from pipeline.chain import manifest, outcome, preflight, ranks, revisions, sweep
 from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
 from pipeline.config import kind_of, stage_section, sweeps, swept_candidate
@@ -56,6 +56,7 @@ from pipeline.train import preempt
 from pipeline.train.distributed import (
     agreed_error,
     close_process_group,
+    main_value,
     main_writes,
     process_state,
     share_cpu_threads,
@@ -275,6 +276,7 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
         if main:
             tidy(run.root)
             evaluate.write_tasks(cfg, run.tasks_dir)
+    keys.use_pins(main_value(revisions.pin(cfg, run.paths.hub_revisions) if run.main else None))
     run.decisions = ranks.same_decisions(ranks.collectively(preflight.check, cfg, run.root, run.tasks_dir))
     if one := swept_candidate(cfg):  # a single sweep candidate: nothing after its stage
         run.decisions = run.decisions[: [d.name for d in run.decisions].index(one[0]) + 1]

@@ -21,11 +21,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.chain import revisions
 from pipeline.chain.basemodel import architecture
 from pipeline.config import ConfigError, grid, kind_of, sweeps
 from pipeline.data.mixtures import load_spec, source_name, stage_mixtures
 from pipeline.evaluation import power
-from pipeline.keys import pinned
+from pipeline.keys import pinned, resolved, use_pins
 from pipeline.runfolder import RunPaths, model_dir, run_dir, stage_dir
 from pipeline.settings import data_source
 from pipeline.train.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
@@ -64,7 +65,7 @@ def _model(cfg: DictConfig) -> dict:
     hub = not settings and not path.exists()
     return {"name": name, "checkpoint": checkpoint, "params": params, "layers": config.get("num_hidden_layers", 0),
             "hidden": config.get("hidden_size", 0), "source": source,
-            **({"revision": cfg.model.revision, "pinned": pinned(cfg.model.revision)} if hub else {})}
+            **(_revision(name, cfg.model.revision, "model") if hub else {})}
 
 
 def _tokens(cfg: DictConfig, name: str) -> tuple[float | None, str]:
@@ -91,13 +92,20 @@ def _tokens(cfg: DictConfig, name: str) -> tuple[float | None, str]:
             f"{s.num_train_epochs:g} epoch(s) x ({' + '.join(b for _, b in parts)})")
 
 
+def _revision(repo: str, revision: str, repo_type: str) -> dict:
+    """A Hub reference's revision as the run reads it: the commit the run folder pinned it to (`keys.resolved`), or
+    the config's; `pinned`: whether that is a commit (a branch moves)."""
+    found = resolved(repo, revision, repo_type)
+    return {"revision": found, "pinned": pinned(found)}
+
+
 def _datasets(cfg: DictConfig, name: str) -> list[dict]:
     out = []
     for mixture in stage_mixtures(cfg, name):
         role = "train" if mixture == data_source(cfg[name]) else "on-policy prompts"
-        sources = [{"source": s.path or (f"{s.hub}[{s.name}/{s.split}]@{s.revision}" if s.hub else
-                                         f"{s.generator}:{s.split}"), "weight": s.weight,
-                    **({"pinned": pinned(s.revision)} if s.hub else {})} for s in load_spec(mixture).sources]
+        sources = [{"source": s.path or (f"{s.hub}[{s.name}/{s.split}]" if s.hub else f"{s.generator}:{s.split}"),
+                    "weight": s.weight, **(_revision(s.hub, s.revision, "dataset") if s.hub else {})}
+                   for s in load_spec(mixture).sources]
         out.append({"mixture": str(mixture), "role": role, "sources": sources})
     return out
 
@@ -161,6 +169,7 @@ def build(cfg: DictConfig, sources: dict[str, str] | None = None) -> dict:
         raise ConfigError("plan needs 0 < plan.mfu <= 1, plan.num_gpus >= 1, plan.params >= 0 and plan.output "
                           f"table | json; got {OmegaConf.to_container(p)}")
     root = run_dir(cfg)
+    use_pins(revisions.recorded(RunPaths(root).hub_revisions))  # what an existing run folder reads
     model = _model(cfg)
     stages = _stages(cfg, root, model, peak * p.mfu)
     estimated = [s for s in stages if "gpu_hours" in s]
@@ -206,8 +215,8 @@ def report(cfg: DictConfig, sources: dict[str, str] | None = None) -> str:
         f"ESTIMATES (not measurements) assume {a['num_gpus']} x {a['gpu']} at MFU {a['mfu']:g} of "
         f"{a['peak_flops'] / 1e12:g} TFLOP/s ({a['precision']})",
         f"  FLOPs/token = {a['flops_per_token']}", f"  sweeps: {a['sweeps']}", f"  not counted: {a['not_counted']}",
-        *([f"  revision {m['revision']} is a branch: it moves, and stages keyed on it do not see the move (pin a "
-           "commit: model.revision=<40 hex digits>)"] if m.get("pinned") is False else []),
+        *([f"  revision {m['revision']}" + (" (a commit)" if m["pinned"] else " is a branch: it moves, and stages "
+           "keyed on it do not see the move (pin a commit: model.revision=<40 hex digits>)")] if "pinned" in m else []),
         "data weights: <= 1 a fraction of the source's rows, > 1 a number of rows",
         *(_provenance(plan["provenance"]) if plan["provenance"] else []),
     ]
@@ -219,8 +228,9 @@ def report(cfg: DictConfig, sources: dict[str, str] | None = None) -> str:
                   f"    output:  {s['output']}"]
         for d in s["datasets"]:
             lines.append(f"    data:    {d['mixture']} ({d['role']}; weight, source)")
-            lines += [f"             {src['weight']:<6g} {src['source']}" + (" (a branch: it moves; pin a commit)" if
-                                                                             src.get("pinned") is False else "")
+            lines += [f"             {src['weight']:<6g} {src['source']}" + (
+                "" if "pinned" not in src else f" @{src['revision']}" + ("" if src["pinned"] else
+                                                                         " (a branch: it moves; pin a commit)"))
                       for src in d["sources"]]
         if "sweep" in s:
             sw = s["sweep"]

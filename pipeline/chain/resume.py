@@ -64,7 +64,7 @@ def _checkpoint(name: str, revision: str | None) -> dict:
     path = Path(name).expanduser()
     if path.is_dir():
         return {"local": keys.tree_digest(path)}
-    return {"hub": name, "revision": revision or "main"}
+    return {"hub": name, "revision": keys.resolved(name, revision, "model")}  # the commit the run pinned
 
 
 def base_fingerprint(cfg: DictConfig) -> str:

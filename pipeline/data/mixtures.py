@@ -173,7 +173,8 @@ def _file_rows(file: Path, src: DictConfig) -> list[dict]:
 def fingerprints(name: str | Data, cfg: DictConfig) -> list[dict]:
     """One fingerprint per source of a mixture, of what decides the rows it gives (`pipeline.keys`' rule): a local
     file's name and sha256 (not its folder: a moved checkout is the same data), a Hub source's id, config, split
-    and revision (a commit pins it), or the sha256 of its `hub_mirror` copy; and how its rows are picked and
+    and the commit the run pinned its revision to (`keys.resolved`), or the sha256 of its `hub_mirror` copy; and
+    how its rows are picked and
     normalised (`weight`, `columns`, `remove`, the mixture's `seed`).
 
     Local files (every row) and Hub sources read from `hub_mirror` (the rows the weight picks) are also
@@ -191,7 +192,8 @@ def fingerprints(name: str | Data, cfg: DictConfig) -> list[dict]:
             mirror = {"mirror": keys.path_digest(path)} if path != src.hub else {}
             if mirror:
                 _load_hub(src, i, spec.seed, cfg)
-            out.append({"hub": src.hub, "name": src.name, "split": src.split, "revision": src.revision, **mirror})
+            revision = src.revision if mirror else keys.resolved(src.hub, src.revision, "dataset")  # the run's commit
+            out.append({"hub": src.hub, "name": src.name, "split": src.split, "revision": revision, **mirror})
         elif src.generator:
             out.append({"generator": src.generator, "split": src.split, "sha256": keys.file_digest(file)})
         else:
@@ -223,7 +225,7 @@ def _hub_head(src: DictConfig, cfg: DictConfig, rows: int) -> list[tuple[str, di
     label = f"{src.hub}[{'/'.join(filter(None, (src.name, src.split)))}]"
     hub = args["path"] == src.hub  # not a local copy
     offline = hub and (huggingface_hub.is_offline_mode() or datasets.config.HF_HUB_OFFLINE)
-    revision = {"revision": src.revision} if hub else {}
+    revision = {"revision": keys.resolved(src.hub, src.revision, "dataset")} if hub else {}
     try:
         if offline:  # what the stage would load: the datasets cache
             found = datasets.load_dataset(**args, split=src.split, **revision)
@@ -539,7 +541,7 @@ def _load_hub(src: DictConfig, i: int, seed: int, cfg: DictConfig) -> Any:
 
     args = hub_source(src.hub, src.name, [src.split], cfg)
     label = f"{src.hub}[{'/'.join(filter(None, (src.name, src.split)))}]"
-    revision = {"revision": src.revision} if args["path"] == src.hub else {}
+    revision = {"revision": keys.resolved(src.hub, src.revision, "dataset")} if args["path"] == src.hub else {}
     try:
         raw = datasets.load_dataset(**args, split=src.split, **revision)
     except (ValueError, FileNotFoundError) as err:
