@@ -43,8 +43,8 @@ ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/)[^\s\"'<>|,;\]\[{}()]*[^\s\"'<
 
 
 def key(obj: dict) -> str:
-    """A key: the short hash of `obj` with the key `FORMAT` in it."""
-    return fingerprint({"format": FORMAT, **obj})
+    """A key: the short hash of `obj` under the key `FORMAT`."""
+    return fingerprint({"key_format": FORMAT, "key": obj})
 
 
 def file_digest(path: str | Path) -> str:
@@ -52,16 +52,27 @@ def file_digest(path: str | Path) -> str:
     return sha256_file(Path(path))
 
 
+def _content(name: str) -> bool:
+    """Whether a file or folder of this name can be content: not a hidden one (`.git`, `.cache` of a local Hub
+    download, a writer's temp file `.x.tmp-...`) nor Python's byte-code (`__pycache__`, `.pyc`), which importing a
+    task's functions writes."""
+    return not name.startswith(".") and name != "__pycache__" and not name.endswith(".pyc")
+
+
 def _files(folder: Path, skip: tuple[str, ...]) -> list[Path]:
-    """Every file under `folder`, symlinks followed, without those whose first part relative to `folder` is in
-    `skip` or is `.cache` (a local Hub download's own bookkeeping)."""
-    out = []
+    """Every content file under `folder` (`_content`), symlinks followed (each folder once: a link to a parent
+    is no loop), without those of `skip` directly in `folder`, nor a link that leads nowhere."""
+    out, seen = [], set()
     for base, dirs, names in os.walk(folder, followlinks=True):
-        rel = Path(base).relative_to(folder)
-        if rel.parts and (rel.parts[0] == ".cache" or rel.parts[0] in skip):
+        st = os.stat(base)
+        if (st.st_dev, st.st_ino) in seen:
             dirs[:] = []
             continue
-        out += [Path(base) / n for n in names if rel.parts or n not in skip]
+        seen.add((st.st_dev, st.st_ino))
+        top = Path(base) == Path(folder)
+        dirs[:] = sorted(d for d in dirs if _content(d) and not (top and d in skip))
+        out += [Path(base) / n for n in names if _content(n) and not (top and n in skip) and
+                os.path.exists(Path(base) / n)]
     return sorted(out)
 
 
@@ -89,36 +100,49 @@ def by_contents(value: Any) -> Any:
         return {k: by_contents(v) for k, v in value.items()}
     if isinstance(value, list):
         return [by_contents(v) for v in value]
-    if isinstance(value, str) and value.startswith(("/", "~", "./", "../")) and Path(value).expanduser().exists():
+    if isinstance(value, str) and value.startswith(("/", "~", "./", "../")) and _kind(Path(value).expanduser()):
         return {"contents": path_digest(value)}
     return value
 
 
+def _kind(path: Path) -> str:
+    """`file`, `dir` or `` (nothing there, or nothing this process may look at)."""
+    try:
+        return "file" if path.is_file() else "dir" if path.is_dir() else ""
+    except OSError:  # a name too long, a folder it may not enter
+        return ""
+
+
 def text_digest(text: str) -> str:
-    """sha256 of `text` with each absolute path in it that names a file or folder replaced by that file's or
-    folder's contents (`path_digest`): a task YAML that names a data file is keyed by the data, not its place."""
+    """sha256 of `text` with each absolute path in it that names a file replaced by that file's contents, and each
+    that a `dataset_path:` names (a local dataset folder, such as `hub_mirror`'s copy) by the folder's: a task YAML
+    that names its data is keyed by the data, not its place."""
 
     def contents(found: re.Match) -> str:
-        path = Path(found.group(0)).expanduser()
-        named = path.is_file() or (path.is_dir() and len(path.parts) > 3)  # not a system folder such as /tmp
+        path, line = Path(found.group(0)).expanduser(), text[text.rfind("\n", 0, found.start()) + 1: found.start()]
+        kind = _kind(path)
+        named = kind == "file" or (kind == "dir" and line.strip().startswith("dataset_path:"))
         return f"<{path_digest(path)}>" if named else found.group(0)
 
     return hashlib.sha256(ABSOLUTE_PATH.sub(contents, text).encode()).hexdigest()
 
 
+TASK_FILES = (".yaml", ".yml", ".py", ".json", ".jinja", ".txt")  # what lm-eval reads of a task folder
+
+
 def tasks_digest(*folders: str | Path | None) -> str:
-    """What decides a set of lm-eval tasks: every file of `folders` (the run's written tasks, `eval.include_path`)
-    by its name relative to its folder and its contents, paths in a text file standing for what they name
+    """What decides a set of lm-eval tasks: every task file (`TASK_FILES`) of `folders` (the run's written tasks,
+    `eval.include_path`) by its name relative to its folder and its text, paths in it standing for what they name
     (`text_digest`); a folder that is None or absent adds nothing."""
     h = hashlib.sha256()
     for i, folder in enumerate(Path(f) for f in folders if f):
         if not folder.is_dir():
             continue
-        for path in _files(folder, ()):
+        for path in (p for p in _files(folder, ()) if p.suffix in TASK_FILES):
             try:
                 digest = text_digest(path.read_text(encoding="utf-8"))
-            except UnicodeDecodeError:  # a data file in the folder: its bytes
-                digest = file_digest(path)
+            except (OSError, UnicodeDecodeError):  # not text, or not readable: its bytes, or that it is not
+                digest = file_digest(path) if os.access(path, os.R_OK) else "unreadable"
             h.update(f"{i}/{path.relative_to(folder).as_posix()}".encode() + b"\0" + digest.encode())
     return h.hexdigest()
 

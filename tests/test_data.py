@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,6 @@ from omegaconf import OmegaConf
 
 from pipeline.config import ConfigError, load_config
 from pipeline.data.mixtures import fingerprints, load_mixture, normalise
-from pipeline.keys import path_digest
 from pipeline.tiny.data import ITEMS, NAMES, build_splits
 
 GSM8K = ROOT / "tests" / "fixtures" / "gsm8k" / "train.jsonl"  # GSM8K's first 508 train rows, shipped
@@ -46,8 +46,15 @@ def test_gsm8k_loads_through_the_shipped_mixture_from_a_plain_local_copy(tmp_pat
     assert re.search(r"\n#### -?[\d,.]+$", ds[0]["messages"][1]["content"])
     (fp,) = fingerprints("gsm8k", cfg)
     assert fp == {"hub": "openai/gsm8k", "name": "main", "split": f"train[:-{ROWS}]", "revision": "main",
-                  "mirror": path_digest(tmp_path / "hub" / "openai" / "gsm8k"), "weight": 1.0, "seed": 0,
+                  "mirror": fp["mirror"], "weight": 1.0, "seed": 0,
                   "columns": {"user": "question", "assistant": "answer"}, "remove": []}
+    (copy / "test.jsonl").write_text("{}\n")  # another split of the copy: not what this source reads
+    shutil.copytree(tmp_path / "hub", tmp_path / "moved", symlinks=True)  # the copy elsewhere: the same rows
+    moved = load_config(["recipe=tiny", f"output_root={tmp_path}", f"hub_mirror={tmp_path / 'moved'}"])
+    assert fingerprints("gsm8k", moved)[0]["mirror"] == fp["mirror"]
+    (tmp_path / "moved" / "openai" / "gsm8k" / "main" / "train.jsonl").unlink()
+    (tmp_path / "moved" / "openai" / "gsm8k" / "main" / "train.jsonl").write_text(GSM8K.read_text()[:-1] + " \n")
+    assert fingerprints("gsm8k", moved)[0]["mirror"] != fp["mirror"]
 
 
 def test_remove_deletes_gsm8k_calculator_notes_from_hub_and_file_rows_and_changes_the_fingerprint(tmp_path):

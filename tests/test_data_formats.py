@@ -192,7 +192,7 @@ def test_a_folder_is_one_source_per_file(tmp_path):
     spec = load_spec(data_source(cfg.sft))
     assert [Path(s.path).name for s in spec.sources] == ["a.jsonl", "b.parquet"]
     assert len(load_mixture(data_source(cfg.sft), cfg)) == 3
-    assert [fp["path"] for fp in fingerprints(data_source(cfg.sft), cfg)] == [s.path for s in spec.sources]
+    assert [fp["file"] for fp in fingerprints(data_source(cfg.sft), cfg)] == [Path(s.path).name for s in spec.sources]
 
 
 def test_a_row_the_stage_cannot_train_on_is_refused_naming_file_line_and_formats(tmp_path):

@@ -18,6 +18,7 @@ from trl.data_utils import apply_chat_template, is_conversational, maybe_apply_c
 from pipeline.config import load_config
 from pipeline.data.mixtures import fingerprints, hub_source, load_mixture, normalise
 from pipeline.generation.generator import Generator
+from pipeline.keys import path_digest
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hub"
 MESSAGES = datasets.List({"content": datasets.Value("string"), "role": datasets.Value("string")})
@@ -74,7 +75,8 @@ def test_recipe_mixtures_load_from_the_mirror(tmp_path):
                                             {**zen, "name": "conversational_prompt_only"}]), cfg)
     assert len(both) == 6 and all(_is_chat(r["prompt"], {"user"}) for r in both)
     fps = fingerprints("smol_pref", cfg)
-    assert [fp["mirror"] for fp in fps] == [str(FIXTURES)] * 2 and fps[0]["name"] == "Preference"
+    copy = path_digest(FIXTURES / "HuggingFaceTB" / "smoltalk2")  # the mirror's copy by its contents, not its place
+    assert [fp["mirror"] for fp in fps] == [copy] * 2 and fps[0]["name"] == "Preference"
 
 
 Q, S, GOOD, BAD = "What is 2 + 3?", "Answer briefly.", "2 + 3 = 5", "2 + 3 = 6"

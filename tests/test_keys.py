@@ -395,7 +395,9 @@ def test_a_run_folder_pins_its_hub_references_and_keeps_them_after_the_branch_mo
     first = decide(cfg, run)
     assert first[0].data[0]["revision"] == c1 and first[0].upstream != unpinned[0].upstream
     assert OmegaConf.load(run / "hub_revisions.json") == {"model:HuggingFaceTB/SmolLM3-3B-Base@main": c1,
-                                                          "dataset:org/chats@main": c1}
+                                                          "dataset:org/chats@main": c1,
+                                                          # not in the cache: keyed by its branch, as recorded
+                                                          "dataset:HuggingFaceTB/smoltalk2@main": "main"}
     branch_at(c2)  # the branch moves
     keys.use_pins(revisions.pin(cfg, run / "hub_revisions.json"))
     assert [d.fingerprint for d in decide(cfg, run)] == [d.fingerprint for d in first]
@@ -403,3 +405,7 @@ def test_a_run_folder_pins_its_hub_references_and_keeps_them_after_the_branch_mo
     assert f"revision {c1} (a commit)" in plan and f"@{c1}" in plan
     keys.use_pins(revisions.pin(cfg, tmp_path / "new" / "hub_revisions.json"))  # a new run folder
     assert decide(cfg, run)[0].data[0]["revision"] == c2
+    later = tmp_path / "hub" / "datasets--HuggingFaceTB--smoltalk2" / "refs"
+    later.mkdir(parents=True)
+    (later / "main").write_text(c1)  # a download left smoltalk2's commit in the cache: the folder keeps its name
+    assert revisions.pin(cfg, run / "hub_revisions.json")["dataset:HuggingFaceTB/smoltalk2@main"] == "main"

@@ -119,7 +119,8 @@ def test_the_worked_example_runs_as_written(tmp_path, tiny_base):
     cfg = load_config([f"recipe={example / 'my_recipe.yaml'}", *offline, push])  # what the run pushes
     root, gated = example / "runs" / "my_recipe", cfg.sft.gate.metric
     sft = StageRecord.read(root / "stages" / "01-sft")
-    assert sft.data == [{"path": str(chats), "sha256": hashlib.sha256(chats.read_bytes()).hexdigest()}], sft.data
+    assert sft.data == [{"file": chats.name, "sha256": hashlib.sha256(chats.read_bytes()).hexdigest(), "weight": 1.0,
+                         "seed": 0, "columns": {}, "remove": []}], sft.data
     assert sft.metrics["steps"] == 3  # the page's 3 epochs: its 38 short chats pack into one batch
     assert sft.gate["metric"] == gated == "hellaswag/acc_norm,none" and sft.gate["verdict"] == "pass", sft.gate
     assert {t.partition("/")[0] for t in sft.scores()} == set(cfg.eval.tasks) == {"hellaswag", "arc_easy"}

@@ -98,7 +98,8 @@ def local_config(cfg: DictConfig) -> Path | None:
 
 
 # what a Hub model's snapshot leaves out: weights in formats the pipeline does not load
-NOT_LOADED = ["*.onnx", "*.onnx_data", "onnx/*", "*.gguf", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*"]
+NOT_LOADED = ["*.onnx", "*.onnx_data", "onnx/*", "*.gguf", "*.h5", "*.msgpack", "*.ot", "*.tflite", "original/*",
+              "consolidated*", "*.pth"]
 
 
 def base_model(cfg: DictConfig) -> str | Path:
@@ -116,11 +117,10 @@ def base_model(cfg: DictConfig) -> str | Path:
     from pipeline.train.distributed import main_writes
 
     revision = keys.resolved(name, cfg.model.revision, "model")  # the commit the run pinned (chain/revisions.py)
-    with main_writes() as main:  # the main process downloads; the others find it in the cache
-        if main:
+    with main_writes() as main:  # the main process downloads first; the others find it in a shared cache, or
+        if main:                 # download it into their node's own
             huggingface_hub.snapshot_download(name, revision=revision, ignore_patterns=NOT_LOADED)
-    return huggingface_hub.snapshot_download(name, revision=revision, ignore_patterns=NOT_LOADED,
-                                             local_files_only=True)
+    return huggingface_hub.snapshot_download(name, revision=revision, ignore_patterns=NOT_LOADED)
 
 
 def architecture(cfg: DictConfig) -> tuple[Path, dict | None]:

@@ -389,7 +389,8 @@ def _fit(run: Run, d: StageDecision, ctx: StageContext) -> Trained | None:
 
     def evaluate_on_select(model: Path, out: Path) -> dict:
         return run.evaluate(model, select, out)
-    score = sweep.Scorer(evaluate_on_select, eval_fingerprint(d.inputs, select, run.tasks_dir))
+    key = main_value(eval_fingerprint(d.inputs, select, run.tasks_dir) if run.main else None)  # one key everywhere
+    score = sweep.Scorer(evaluate_on_select, key)
     if ctx.stage.candidate is None:
         return sweep.run(ctx, d.inputs, d.grid, train, score)  # scored on `select`'s tasks; `_score` adds the rest
     sweep.train_candidates(ctx, d.inputs, d.grid, train, score, only=ctx.stage.candidate)

@@ -91,8 +91,8 @@ def eval_fingerprint(upstream: str, ev: dict, tasks_dir: Path) -> str | None:
     `lmeval.scoring_inputs`); None without tasks."""
     if not ev["tasks"]:
         return None
-    return keys.key({"checkpoint": upstream, "eval": fingerprint_view(ev, EvalConfig),
-                     **evaluate.scoring_inputs(ev, tasks_dir)})
+    inputs = evaluate.scoring_inputs(ev, tasks_dir)
+    return keys.key({"checkpoint": upstream, **inputs, "eval": fingerprint_view(inputs["eval"], EvalConfig)})
 
 
 def _changes(old: dict, new: dict, prefix: str) -> list[str]:

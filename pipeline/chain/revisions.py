@@ -5,8 +5,9 @@ resolved to a commit once, when the run folder first meets it (the Hub's answer,
 recorded in `<run>/hub_revisions.json`. Every later run in that folder reads the recorded commit: a resume or a
 rerun reads what its stages were trained on even after the branch moved (the log says it moved; a new run folder
 reads the new commit). Every key holds the commit (`keys.resolved`), so reuse compares commits. A commit given in
-the config is used as it is. A reference that neither the Hub nor the cache resolves stays a branch name, and the
-log says that it moves.
+the config is used as it is. A reference that neither the Hub nor the cache resolves when the folder first meets
+it is recorded as its branch name, and the log says that it moves: the folder's keys stay as they were made, and
+never switch to a commit the download later leaves in the cache.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from omegaconf import DictConfig
 
 from pipeline import extension, keys
 from pipeline.data.mixtures import hub_source, load_spec, stage_mixtures
-from pipeline.errors import ConfigError
 from pipeline.files import read_json, write_json
 
 log = logging.getLogger("pipeline")
@@ -45,12 +45,15 @@ def recorded(path: Path) -> dict[str, str]:
 
 def pin(cfg: DictConfig, path: Path) -> dict[str, str]:
     """Resolve the run's Hub references to commits (the ones `path` recorded first), record new ones in `path` and
-    return them all (`keys.ref_name` -> commit). On the main process only: it may ask the Hub."""
+    return them all (`keys.ref_name` -> commit, or the branch name when none was known). On the main process
+    only: it may ask the Hub. Whatever goes wrong here is logged and leaves the recorded pins as they are (a bad
+    mixture: the preflight, on every rank, names it)."""
     kept, pins = recorded(path), {}
     try:
         refs = references(cfg)
-    except ConfigError:  # a bad mixture: the preflight, on every rank, names it
-        return {}
+    except Exception as err:  # noqa: BLE001 - on the main process alone: the other ranks wait for its answer
+        log.debug("Hub references not pinned: %s", err)
+        return kept
     for repo_type, repo, revision in refs:
         if keys.pinned(revision):
             continue
@@ -64,8 +67,12 @@ def pin(cfg: DictConfig, path: Path) -> dict[str, str]:
             pins[name] = now
             log.info("%s: commit %s, recorded in %s; this run folder reads it there from now on", name, now[:12], path)
         else:
-            log.warning("%s: no commit known (the Hub did not answer and it is not in the local cache): keyed by "
-                        "its branch name, which moves", name)
+            pins[name] = revision
+            log.warning("%s: no commit known (the Hub did not answer and it is not in the local cache): this run "
+                        "folder keys it by its branch name, which moves", name)
     if any(name not in kept for name in pins):
-        write_json(path, {**kept, **pins})
+        try:
+            write_json(path, {**kept, **pins})
+        except OSError as err:  # the run's own writes say more; the pins hold for this run
+            log.warning("could not record the Hub pins in %s: %s", path, err)
     return pins

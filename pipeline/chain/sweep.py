@@ -47,7 +47,7 @@ from pipeline.runfolder import (
     stored_path,
 )
 from pipeline.train import preempt
-from pipeline.train.distributed import main_writes
+from pipeline.train.distributed import is_main, main_value, main_writes
 
 log = logging.getLogger("pipeline")
 EARLIER = "the earlier candidate (grid order, then soup, then merge)"
@@ -70,7 +70,7 @@ def scored(record: StageRecord, folder: Path, scorer: Scorer) -> bool:
     changed since it was scored is scored anew, with a warning)."""
     if not (record.status == "done" and record.eval_fingerprint == scorer.key):
         return False
-    problem = model_changed(record, folder)
+    problem = main_value(model_changed(record, folder) if is_main() else None)  # read once, one answer everywhere
     if problem:
         log.warning("candidate %s: %s; scoring it anew", folder.name, problem)
     return problem is None

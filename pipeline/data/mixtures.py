@@ -188,8 +188,8 @@ def fingerprints(name: str | Data, cfg: DictConfig) -> list[dict]:
         if file is not None:
             _file_rows(file, src)
         if file is None:
-            path = hub_source(src.hub, src.name, [src.split], cfg)["path"]
-            mirror = {"mirror": keys.path_digest(path)} if path != src.hub else {}
+            args = hub_source(src.hub, src.name, [src.split], cfg)
+            mirror = {"mirror": _mirror_digest(args)} if args["path"] != src.hub else {}
             if mirror:
                 _load_hub(src, i, spec.seed, cfg)
             revision = src.revision if mirror else keys.resolved(src.hub, src.revision, "dataset")  # the run's commit
@@ -200,6 +200,17 @@ def fingerprints(name: str | Data, cfg: DictConfig) -> list[dict]:
             out.append({"file": file.name, "sha256": keys.file_digest(file)})
         out[-1].update(weight=src.weight, seed=spec.seed, **_rules(src))
     return out
+
+
+def _mirror_digest(args: dict) -> str:
+    """The contents of what a source reads of its `hub_mirror` copy (`hub_source`'s arguments): the files its
+    `data_files` patterns pick, or, for a copy read through its card, the whole copy."""
+    root = Path(args["path"])
+    if "data_files" not in args:
+        return keys.path_digest(root)
+    picked = sorted({p for patterns in args["data_files"].values() for pattern in patterns for p in root.glob(pattern)
+                     if p.is_file()})
+    return keys.key({p.relative_to(root).as_posix(): keys.file_digest(p) for p in picked})
 
 
 def head(name: str | Data, cfg: DictConfig, rows: int = HEAD_ROWS) -> list[tuple[str, dict]]:

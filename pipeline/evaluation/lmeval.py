@@ -100,12 +100,17 @@ def include_folder(ev: dict) -> Path | None:
     return path.parent if path.suffix in (".yaml", ".yml") else path
 
 
+LOCATIONS = ("include_path", "gsm8k_dir")  # eval settings that say where tasks and data are, not what they hold
+
+
 def scoring_inputs(ev: dict, tasks_dir: Path) -> dict:
-    """What decides a score besides the model and the eval settings (`pipeline.keys`' rule): the contents of the
-    run's task files and `eval.include_path`'s, with the data files they name (`keys.tasks_digest`), and the
-    versions of the scoring libraries (vLLM's too for its backend)."""
+    """What decides a score besides the model (`pipeline.keys`' rule): the eval settings `ev` without the places
+    of tasks and data (`LOCATIONS`), the contents of the run's task files and `eval.include_path`'s, with the data
+    files they name (`keys.tasks_digest`), and the versions of the scoring libraries (vLLM's too for its
+    backend)."""
     libraries = (*keys.SCORING, "vllm") if ev.get("backend") == "vllm" else keys.SCORING
-    return {"tasks": keys.tasks_digest(tasks_dir, include_folder(ev)), "libraries": keys.versions(libraries)}
+    return {"eval": {k: v for k, v in ev.items() if k not in LOCATIONS},
+            "tasks": keys.tasks_digest(tasks_dir, include_folder(ev)), "libraries": keys.versions(libraries)}
 
 
 def _task_manager(ev: dict, tasks_dir: Path):

@@ -53,7 +53,7 @@ def score_key(model: str | Path, ev: dict, tasks_dir: Path, model_cfg: Any) -> t
     digest = keys.tree_digest(folder)
     loader = OmegaConf.to_container(model_cfg) if isinstance(model_cfg, DictConfig) else dict(model_cfg)
     loader = {k: v for k, v in loader.items() if k not in ("name_or_path", "tokenizer", "chat_template", "revision")}
-    return keys.key({"model": digest, "eval": ev, "loader": loader, **lmeval.scoring_inputs(ev, tasks_dir)}), digest
+    return keys.key({"model": digest, "loader": loader, **lmeval.scoring_inputs(ev, tasks_dir)}), digest
 
 
 def _kept(entry: Path, digest: str) -> dict | None:

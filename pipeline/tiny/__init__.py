@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from pipeline.config import cache_dir, fingerprint_view
+from pipeline.config import cache_dir
 from pipeline.files import write_text
 from pipeline.tiny import data
 from pipeline.tiny.settings import TinyConfig
@@ -50,8 +50,9 @@ def task_sizes(cfg: Any) -> dict[str, int]:
 
 
 def base_settings(cfg: Any) -> dict:
-    """What the built base model depends on: every `tiny` setting (part of the base fingerprint)."""
-    return fingerprint_view(_settings(cfg), TinyConfig)
+    """What the built base model depends on (part of the base fingerprint): what its cache folder is keyed by
+    (`data.tiny_key`)."""
+    return data.tiny_key(_settings(cfg), cfg.model, cfg.seed)
 
 
 def build_base_model(cfg: Any) -> Path:

@@ -167,18 +167,22 @@ def build_splits(params: dict) -> dict[str, list[dict]]:
     return {**splits, "validation": _gsm(draw(rng, params["validation_examples"], steps, "validation"))}
 
 
-def tiny_dir(cache: Path, tiny: dict, model_cfg: Any, seed: int) -> Path:
-    """The cache folder of this tiny setup's tokenizer and model (`pipeline.keys`' rule), keyed by all tiny
-    settings, the `model.*` settings its pretraining ran with (precision, dtype, attention kernel, the chat template's
-    text), the training seed and the versions of the libraries that trained it."""
+def tiny_key(tiny: dict, model_cfg: Any, seed: int) -> dict:
+    """What the tiny base model depends on (`pipeline.keys`' rule): every tiny setting, the `model.*` settings its
+    pretraining runs with (precision, dtype, attention kernel, the chat template's text), the training seed and the
+    versions of the libraries that train it."""
     model = fingerprint_view(OmegaConf.to_container(model_cfg) if isinstance(model_cfg, DictConfig) else
                              dict(model_cfg), ModelConfig)
     loader = {k: v for k, v in model.items() if k not in ("name_or_path", "tokenizer", "chat_template", "revision")}
     if model.get("chat_template"):
         loader["chat_template"] = hashlib.sha256(template_text(model["chat_template"]).encode()).hexdigest()
-    key = keys.key({**fingerprint_view(tiny, TinyConfig), "version": DATA_VERSION, "pretrain_seed": seed,
-                    "model": loader, "libraries": keys.versions(keys.TRAINING)})
-    return Path(cache) / f"tiny-{key}"
+    return {**fingerprint_view(tiny, TinyConfig), "version": DATA_VERSION, "pretrain_seed": seed, "model": loader,
+            "libraries": keys.versions(keys.TRAINING)}
+
+
+def tiny_dir(cache: Path, tiny: dict, model_cfg: Any, seed: int) -> Path:
+    """The cache folder of this tiny setup's tokenizer and model, keyed by `tiny_key`."""
+    return Path(cache) / f"tiny-{keys.key(tiny_key(tiny, model_cfg, seed))}"
 
 
 def data_dir(cache: Path, tiny: dict) -> Path:
