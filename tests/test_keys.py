@@ -216,10 +216,10 @@ def test_a_mixture_edit_changes_its_fingerprint_and_the_stage_fingerprint(tmp_pa
         return decide(cfg, tmp_path / "run")[0].fingerprint
 
     cfg = load_config(["recipe=tiny", f"output_root={tmp_path}"])
-    before = _mixture(tmp_path / "a")
-    after = _mixture(tmp_path / "b", **MIXTURE_CHANGES[change])
-    assert fingerprints(before, cfg) != fingerprints(after, cfg)
-    assert stage_fp(before) != stage_fp(after)
+    path = _mixture(tmp_path / "a")
+    data, stage = fingerprints(path, cfg), stage_fp(path)
+    _mixture(tmp_path / "a", **MIXTURE_CHANGES[change])  # the same file, edited
+    assert fingerprints(path, cfg) != data and stage_fp(path) != stage
 
 
 @pytest.mark.parametrize("setting", ["mixture", "data"])
