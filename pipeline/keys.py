@@ -172,10 +172,10 @@ def cached_commit(repo: str, revision: str, repo_type: str = "model") -> str | N
     from huggingface_hub import constants
     from huggingface_hub.file_download import repo_folder_name
 
-    ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type=repo_type) / "refs" / revision
     try:
+        ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type=repo_type) / "refs" / revision
         return ref.read_text().strip() or None
-    except OSError:
+    except (OSError, ValueError):  # not there, or not a Hub id (HFValidationError is a ValueError)
         return None
 
 

@@ -394,10 +394,9 @@ def test_a_run_folder_pins_its_hub_references_and_keeps_them_after_the_branch_mo
     keys.use_pins(revisions.pin(cfg, run / "hub_revisions.json"))
     first = decide(cfg, run)
     assert first[0].data[0]["revision"] == c1 and first[0].upstream != unpinned[0].upstream
+    # smoltalk2 is not in the cache: offline it cannot be read at all (the preflight refuses it), so not pinned
     assert OmegaConf.load(run / "hub_revisions.json") == {"model:HuggingFaceTB/SmolLM3-3B-Base@main": c1,
-                                                          "dataset:org/chats@main": c1,
-                                                          # not in the cache: keyed by its branch, as recorded
-                                                          "dataset:HuggingFaceTB/smoltalk2@main": "main"}
+                                                          "dataset:org/chats@main": c1}
     branch_at(c2)  # the branch moves
     keys.use_pins(revisions.pin(cfg, run / "hub_revisions.json"))
     assert [d.fingerprint for d in decide(cfg, run)] == [d.fingerprint for d in first]
@@ -405,7 +404,27 @@ def test_a_run_folder_pins_its_hub_references_and_keeps_them_after_the_branch_mo
     assert f"revision {c1} (a commit)" in plan and f"@{c1}" in plan
     keys.use_pins(revisions.pin(cfg, tmp_path / "new" / "hub_revisions.json"))  # a new run folder
     assert decide(cfg, run)[0].data[0]["revision"] == c2
+
+
+
+def test_a_hub_reference_the_hub_does_not_resolve_stays_a_branch_in_its_run_folder(tmp_path, monkeypatch, caplog):
+    """Online, when the Hub does not answer and the cache has no ref: the folder records the branch name, and keeps
+    it after a download leaves the commit in the cache (its keys never switch from the name to a commit)."""
+    from huggingface_hub import HfApi, constants
+
+    from pipeline.chain import revisions
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("the Hub did not answer")
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(HfApi, "model_info", unreachable)
+    monkeypatch.setattr(HfApi, "dataset_info", unreachable)
+    cfg, pins = load_config(["recipe=smol", f"output_root={tmp_path}"]), tmp_path / "smol" / "hub_revisions.json"
+    first = revisions.pin(cfg, pins)
+    assert first["dataset:HuggingFaceTB/smoltalk2@main"] == "main" and "keys it by its branch name" in caplog.text
     later = tmp_path / "hub" / "datasets--HuggingFaceTB--smoltalk2" / "refs"
     later.mkdir(parents=True)
-    (later / "main").write_text(c1)  # a download left smoltalk2's commit in the cache: the folder keeps its name
-    assert revisions.pin(cfg, run / "hub_revisions.json")["dataset:HuggingFaceTB/smoltalk2@main"] == "main"
+    (later / "main").write_text("3" * 40)  # the download left the commit in the cache
+    assert revisions.pin(cfg, pins) == first

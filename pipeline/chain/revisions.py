@@ -7,7 +7,8 @@ rerun reads what its stages were trained on even after the branch moved (the log
 reads the new commit). Every key holds the commit (`keys.resolved`), so reuse compares commits. A commit given in
 the config is used as it is. A reference that neither the Hub nor the cache resolves when the folder first meets
 it is recorded as its branch name, and the log says that it moves: the folder's keys stay as they were made, and
-never switch to a commit the download later leaves in the cache.
+never switch to a commit the download later leaves in the cache (offline, one that is not in the cache cannot
+be read at all, and the preflight refuses it).
 """
 
 from __future__ import annotations
@@ -29,13 +30,24 @@ def references(cfg: DictConfig) -> list[tuple[str, str, str]]:
     each Hub source of every enabled stage's mixtures that is not read from `hub_mirror`."""
     refs = []
     name = cfg.model.name_or_path
-    if not extension.builds_base(cfg) and not Path(name).expanduser().exists():
+    if not extension.builds_base(cfg) and not Path(name).expanduser().exists() and _hub_id(name):
         refs.append(("model", name, cfg.model.revision or "main"))
     for stage in (n for n in cfg.stages if cfg[n].enabled):
         for mixture in stage_mixtures(cfg, stage):
             refs += [("dataset", s.hub, s.revision or "main") for s in load_spec(mixture).sources
                      if s.hub and hub_source(s.hub, s.name, [s.split], cfg)["path"] == s.hub]
     return list(dict.fromkeys(refs))
+
+
+def _hub_id(name: str) -> bool:
+    """Whether `name` is a well-formed Hub id (one that is not, the preflight refuses)."""
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except ValueError:
+        return False
+    return True
 
 
 def recorded(path: Path) -> dict[str, str]:
@@ -48,6 +60,8 @@ def pin(cfg: DictConfig, path: Path) -> dict[str, str]:
     return them all (`keys.ref_name` -> commit, or the branch name when none was known). On the main process
     only: it may ask the Hub. Whatever goes wrong here is logged and leaves the recorded pins as they are (a bad
     mixture: the preflight, on every rank, names it)."""
+    import huggingface_hub
+
     kept, pins = recorded(path), {}
     try:
         refs = references(cfg)
@@ -66,7 +80,7 @@ def pin(cfg: DictConfig, path: Path) -> dict[str, str]:
         elif now:
             pins[name] = now
             log.info("%s: commit %s, recorded in %s; this run folder reads it there from now on", name, now[:12], path)
-        else:
+        elif not huggingface_hub.constants.HF_HUB_OFFLINE:  # offline and not cached: the preflight refuses it
             pins[name] = revision
             log.warning("%s: no commit known (the Hub did not answer and it is not in the local cache): this run "
                         "folder keys it by its branch name, which moves", name)
