@@ -21,6 +21,7 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
@@ -176,18 +177,34 @@ def chat_template(cfg: DictConfig, rows: dict[str, list[tuple[str, dict]]] | Non
     """Refuse, before any training, a chain with a chat stage when neither the base tokenizer nor
     `model.chat_template` gives a chat template (SFT / mid-training with format chat, DPO, PPO, GRPO, reward), and a
     template that cannot render the rows `rows` gives a stage (stage -> [(where, row)]: the first rows of each of its
-    sources, normalised, `stage_rows`). A base the recipe's extension builds is checked once it is built."""
+    sources, normalised, `stage_rows`). A base the recipe's extension has not built yet is checked with the
+    `model.chat_template` it will carry, on a stand-in tokenizer (`chat.stand_in_tokenizer`), or not at all when
+    its builder brings the template."""
     chat_stages = [n for n in cfg.stages if cfg[n].enabled and cfg[n].get("format", "chat") == "chat"]
     renders = [n for n in cfg.stages if cfg[n].enabled and any("messages" in r or "prompt" in r
                                                                 for _, r in (rows or {}).get(n, []))]
     if not chat_stages and not renders:
         return
     path = cfg.model.name_or_path
+    source = cfg.model.chat_template or cfg.model.tokenizer or cfg.model.name_or_path
     if extension.builds_base(cfg):
         path = extension.of(cfg).architecture(cfg)[0]
-        if not (path / "config.json").is_file():
-            return  # not built yet: it brings its own template, checked on the stage's rows when the stage starts
-    source = cfg.model.chat_template or cfg.model.tokenizer or cfg.model.name_or_path
+    if extension.builds_base(cfg) and not (path / "config.json").is_file():  # not built yet
+        if not cfg.model.chat_template:
+            return  # its builder's own template
+        tok = chat.stand_in_tokenizer(cfg.model.chat_template)  # the template it will carry, on a stand-in
+    else:
+        tok = _tokenizer(cfg, path, source, chat_stages)
+        if tok is None:
+            return
+    for name in renders:
+        for where, row in (rows or {})[name]:
+            chat.render_row(tok, cfg[name], row, f"stage '{name}': the chat template of {source} cannot render {where}")
+
+
+def _tokenizer(cfg: DictConfig, path: str | Path, source: str, chat_stages: list[str]) -> Any:
+    """The base model's tokenizer with `model.*` applied; None when it has no chat template and no stage needs
+    one; a ConfigError when it cannot be loaded, or has no template a chat stage needs."""
     try:
         tok = load_tokenizer(path, cfg.model)
     except (OSError, ValueError) as err:  # no tokenizer files, or files no tokenizer class reads
@@ -197,10 +214,8 @@ def chat_template(cfg: DictConfig, rows: dict[str, list[tuple[str, dict]]] | Non
         if chat_stages:
             raise ConfigError(f"stage(s) {', '.join(chat_stages)} need a chat template and the tokenizer of {source} "
                               "has no chat template: set model.chat_template=chatml (built in) or to a Jinja file")
-        return
-    for name in renders:
-        for where, row in (rows or {})[name]:
-            chat.render_row(tok, cfg[name], row, f"stage '{name}': the chat template of {source} cannot render {where}")
+        return None
+    return tok
 
 
 def stage_rows(cfg: DictConfig) -> dict[str, list[tuple[str, dict]]]:

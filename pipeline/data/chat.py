@@ -79,6 +79,19 @@ def apply_template(tok: Any, name: str) -> Any:
     return tok
 
 
+def stand_in_tokenizer(name: str) -> Any:
+    """A tokenizer without a vocabulary of its own (a word is one unknown token) that carries `model.chat_template`
+    `name` (`apply_template`): it renders rows as the tokenizer of any model with that template would, so the
+    template is checked before the model it is for exists (a base model not built yet)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    return apply_template(tok, name)
+
+
 def template_kwargs(kwargs: dict | None) -> dict:
     """A row's chat-template kwargs without the None values (Arrow fills the keys other rows set with None)."""
     return {k: v for k, v in (kwargs or {}).items() if v is not None}
