@@ -48,7 +48,7 @@ def _hyper(config: dict) -> str:
 
 def _data(record: StageRecord) -> str:
     mixture = (record.config or {}).get("mixture") or (record.config or {}).get("data")
-    sources = ", ".join(str(d.get("hub") or d.get("file") or d.get("generator") or "?") for d in record.data or [])
+    sources = ", ".join(str(d.get("hub") or d.get("file") or d.get("split") or "?") for d in record.data or [])
     return f"{_num(mixture) or '-'} ({sources})" if sources else _num(mixture) or "-"
 
 
