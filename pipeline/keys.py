@@ -20,7 +20,8 @@ The keys (docs/reliability.md lists what each holds): the base fingerprint (`cha
 stage's fingerprint, its inputs and its prepared-data key, the eval fingerprint (`chain/resume.decide`), a sweep
 candidate's fingerprint (`chain/sweep.candidate_fingerprint`), a mixture source's fingerprint
 (`data/mixtures.fingerprints`), the score cache's key (`evaluation/scorecache.score_key`), the tokenised cache's
-key (`data/tokcache.cache_key`) and a built tiny base model's folder (`tiny/data.tiny_dir`).
+key (`data/tokcache.cache_key`) and the folder of a base model a recipe's extension builds (the extension's
+`base_settings`).
 """
 
 from __future__ import annotations
