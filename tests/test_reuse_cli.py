@@ -5,6 +5,7 @@ refused naming the stage (then retrained with `redo=`)."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,9 @@ from pathlib import Path
 import lm_eval
 import pytest
 from conftest import FAST, ROOT
+
+from pipeline.config import load_config
+from pipeline.tiny.data import split_file
 
 pytestmark = pytest.mark.slow
 CLI = str(Path(sys.executable).with_name("smol-pipeline"))
@@ -28,7 +32,18 @@ def scorings(text: str, stage: str) -> list[str]:
     return re.findall(rf"{stage} (scored in|scores reused)", text)
 
 
-def test_the_quickstart_under_a_cache_folder_scores_each_stage_itself(tmp_path, cache_dir, tiny_base):
+@pytest.fixture
+def own_cache(tmp_path, cache_dir, tiny_base) -> Path:
+    """The session's tiny base and data without its scores: a model another test trained the same way would
+    rightly have its scores reused, and these tests count scorings."""
+    own = tmp_path / "cache"
+    for folder in Path(cache_dir).glob("tiny-*"):
+        shutil.copytree(folder, own / folder.name)
+    return own
+
+
+def test_the_quickstart_under_a_cache_folder_scores_each_stage_itself(tmp_path, own_cache):
+    cache_dir = own_cache
     out = tmp_path / "home" / ".cache" / "smol" / "runs"  # as under ~/.cache: every model's files below a .cache
     proc = smol("recipe=tiny", f"output_root={out}", f"cache_dir={cache_dir}", *FAST)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -36,9 +51,9 @@ def test_the_quickstart_under_a_cache_folder_scores_each_stage_itself(tmp_path, 
 
 
 def _task(folder: Path, cache_dir: Path, prompt: str) -> Path:
-    """A user's lm-eval task (eval.include_path) on the tiny test split, zero-shot, with `prompt` around the
+    """A user's lm-eval task (eval.include_path) on the FAST tiny test split, zero-shot, with `prompt` around the
     question."""
-    (data,) = Path(cache_dir).glob("tiny-data-*/test.jsonl")
+    data = split_file(load_config(["recipe=tiny", f"cache_dir={cache_dir}", *FAST]), "test")
     gsm8k = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "my_gsm.yaml").write_text(
@@ -47,7 +62,8 @@ def _task(folder: Path, cache_dir: Path, prompt: str) -> Path:
     return folder
 
 
-def test_an_edited_task_is_scored_anew_without_retraining(tmp_path, cache_dir, tiny_base):
+def test_an_edited_task_is_scored_anew_without_retraining(tmp_path, own_cache):
+    cache_dir = own_cache
     tasks = _task(tmp_path / "tasks", cache_dir, "{{question}}")
     args = ["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *ONE_STAGE,
             f"eval.include_path={tasks}", "eval.tasks=[my_gsm]", "sft.gate.metric=my_gsm/exact_match,strict-match"]
@@ -63,7 +79,8 @@ def test_an_edited_task_is_scored_anew_without_retraining(tmp_path, cache_dir, t
     assert "sft: training" not in edited.stderr  # scored anew, not retrained
 
 
-def test_an_edited_mixture_is_refused_naming_the_stage_then_redone(tmp_path, cache_dir, tiny_base):
+def test_an_edited_mixture_is_refused_naming_the_stage_then_redone(tmp_path, own_cache):
+    cache_dir = own_cache
     mixture = tmp_path / "mine.yaml"
     source = "sources:\n  - generator: tiny\n    split: sft\n    weight: {}\n"
     mixture.write_text(source.format(1.0))
