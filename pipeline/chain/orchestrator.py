@@ -174,21 +174,22 @@ class Run:
         if record.eval:
             metric = self.cfg[d.name].gate.metric
             previous = next(((c, m[metric]) for c, m in reversed(self.history) if metric in m), None)
-            scores, half = record.scores(), _gate_half(record)
-            if previous and half:  # a sweep picked this model on the other half: judge it on this one only
-                before, now = (stats.half_mean(eval_dir(p), metric, half) for p in (d.dir.parent / previous[0], d.dir))
+            before_dir = d.dir.parent / previous[0] if previous else None
+            scores = record.scores()
+            half = _gate_half(record) or (_gate_half(StageRecord.read(before_dir)) if before_dir else None)
+            if previous and half:  # a sweep picked this model or its input on the other half: judge this one only
+                before, now = (stats.half_mean(eval_dir(p), metric, half) for p in (before_dir, d.dir))
                 if before and now:
                     previous, scores = (previous[0], before[0]), {**scores, metric: now[0]}
-            paired = stats.paired_difference(eval_dir(d.dir.parent / previous[0]), eval_dir(d.dir),
-                                             metric, half) if previous else None
+            paired = stats.paired_difference(eval_dir(before_dir), eval_dir(d.dir), metric, half) if previous else None
             higher = stats.higher_is_better(record.eval, metric)
-            sight = power.sight(self.cfg[d.name].gate, stats.per_problem(eval_dir(d.dir.parent / previous[0]),
-                                                                         metric, half)) if previous else None
+            sight = power.sight(self.cfg[d.name].gate, paired, stats.per_problem(eval_dir(before_dir), metric, half),
+                                half) if previous else None
             if sight and sight["blind"]:
                 self.blind(d.name, metric, sight)
             verdict = gates.judge(self.cfg[d.name].gate, scores, previous, paired, higher, sight)
             if verdict and half:
-                verdict["problems"] = "gate half (odd doc_ids; the sweep picked on the even ones)"
+                verdict["problems"] = "gate half (odd doc_ids; a sweep picked on the even ones)"
                 verdict["reason"] += f"; judged on the {verdict['problems']}"
             self.history.append((d.dir.name, record.scores()))
         # the main process decides alone whether to write (a reused stage keeps its file untouched); every rank waits
@@ -223,7 +224,8 @@ class Run:
 
 def _gate_half(record: StageRecord) -> str | None:
     """`"gate"` when a sweep chose the stage's model among several candidates on the selection half of the
-    gate metric's problems (`stats.HALVES`), else None (the gate judges all of them)."""
+    gate metric's problems (`stats.HALVES`), else None: the gates of that stage and of the next one judge the
+    other half only (on the selection half the picked model scores above its true value)."""
     m = record.metrics or {}
     return "gate" if len(m.get("candidates") or []) > 1 and m.get("selection_problems") else None
 

@@ -245,8 +245,8 @@ def report(cfg: DictConfig, sources: dict[str, str] | None = None) -> str:
             g = s["gate"]
             drop = f" max_drop {g['max_drop']:g}" if g["max_drop"] is not None else ""
             lines.append(f"    gate:    {g['metric']} ({g['test']}{drop}): {g['text']}")
-            if g.get("blind"):
-                lines.append(f"             may not see what it judges: {g['blind']}")
+            if g.get("may_miss"):
+                lines.append(f"             under that assumption it may miss what it judges: {g['may_miss']}")
         tokens = f"{s['tokens']:.3g}" if s["tokens"] else "?"
         lines.append(f"    tokens:  {tokens} ({s['tokens_basis']})")
         if "gpu_hours" in s:

@@ -297,15 +297,14 @@ def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
 
 
 def gate_power(cfg: DictConfig) -> None:
-    """Say what each gate can see before its input is scored (`power.before_run`, at the most noise); warn about one
-    that may not see what it judges. The chain recomputes it on the input's real scores."""
+    """Say what each gate would see under the stated assumption, before its input is scored (`power.before_run`):
+    the chain measures it once the gate has judged, and warns then about a gate that cannot see."""
     for name in _enabled(cfg):
         sight = power.before_run(cfg, name)
-        if sight and sight.get("blind"):
-            log.warning("the gate of stage %s may not see what it judges: %s; it %s (recomputed once its input is "
-                        "scored)", name, sight["blind"], sight["text"])
-        elif sight:
-            log.info("the gate of stage %s %s", name, sight["text"])
+        if sight:
+            miss = f"; under that assumption it may miss what it judges: {sight['may_miss']}" if sight.get(
+                "may_miss") else ""
+            log.info("the gate of stage %s, before its input is scored, %s%s", name, sight["text"], miss)
 
 
 def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:

@@ -6,13 +6,15 @@ only (`selection_settings`: validation; the selected model is then scored on eve
 `soup.top_k` averages the K best, `merge` mixes the soup (or the best candidate) with an earlier stage's
 checkpoint; soup and merge compete as candidates too. Finished candidates are reused (by fingerprint).
 
-Selection: the best value of the stage's gate metric on the selection half of its problems (even
-doc_ids, `stats.HALVES`) wins (the highest, or the lowest for a metric lm-eval says is better lower); ties are
-broken by `gate.tie_break`, a second metric such as a continuous one, then go to the candidate listed first
-(grid order: settings by name, each ascending; then soup, then merge), so the simpler model wins a tie. Each
-candidate's row says whether it can be told apart from the selected one on the selection half (their paired
-test, p < 0.05). The gate then judges the selected model on the other half only (the orchestrator), where the
-pick has not already favoured it.
+Selection: on the selection half of the gate metric's problems (even doc_ids, `stats.HALVES`), the candidates
+that cannot be told apart from the best one (their paired test against it, p >= 0.05: a lead of a problem or two
+is noise) are ordered by `gate.tie_break`, a second metric such as a continuous one, and the best of them wins
+(the highest, or the lowest for a metric lm-eval says is better lower); without a tie-break the best on the gate
+metric wins, and equal values go to the candidate listed first (grid order: settings by name, each ascending;
+then soup, then merge), so the simpler model wins a tie. The stage records how it picked ("picked by <metric>
+among N not told apart"). Each candidate's row says whether it can be told apart from the selected one on the
+selection half. The gate then judges the selected model on the other half only (the orchestrator), where the pick
+has not already favoured it.
 """
 
 from __future__ import annotations
@@ -87,8 +89,29 @@ def selection_settings(ev: dict, metric: str, tie_break: str = "") -> dict:
 
 def tie_rule(metric: str, tie_break: str) -> str:
     """How the sweep ranks its candidates, in words."""
-    then = f"ties broken by {tie_break}, then to {EARLIER}" if tie_break else f"ties go to {EARLIER}"
+    then = (f"among those not told apart from the best (paired p >= 0.05), the best {tie_break}, then {EARLIER}"
+            if tie_break else f"ties go to {EARLIER}")
     return f"best {metric or 'metric'}; {then}"
+
+
+def pick(candidates: list[StageRecord], metric: str, tie_break: str) -> tuple[StageRecord, str]:
+    """The selected candidate and how it was picked: the best on `metric` (selection half); with a `tie_break`,
+    the best on it among the candidates not told apart from that one (`tie_rule`)."""
+    best = max(candidates, key=lambda r: _rank(r, metric, tie_break))  # max keeps the first of equal values
+    if not (metric and tie_break):
+        return best, f"picked by {metric or 'order (single candidate)'}"
+    home = samples_dir(Path(best.output_model).parent)
+    alike = [r for r in candidates if r is best or _alike(stats.paired_difference(
+        home, samples_dir(Path(r.output_model).parent), metric, "selection"))]
+    if len(alike) == 1:
+        return best, f"picked by {metric}: told apart from every other candidate"
+    chosen = max(alike, key=lambda r: (_value(r, tie_break), _value(r, metric)))
+    return chosen, f"picked by {tie_break} among {len(alike)} not told apart by {metric}"
+
+
+def _alike(paired: dict | None) -> bool:
+    """Whether a paired difference (`stats.compare`) does not tell the two apart (p >= 0.05, or not testable)."""
+    return paired is not None and (paired["p_value"] is None or paired["p_value"] >= 0.05)
 
 
 def _value(record: StageRecord, metric: str) -> float:
@@ -230,7 +253,7 @@ def run(ctx: StageContext, inputs: str, cands: list[dict], train: Train, scorer:
     candidates = train_candidates(ctx, inputs, cands, train, scorer)
     ranked = sorted(candidates, key=lambda r: _rank(r, metric, tie_break), reverse=True)  # stable: ties keep order
     candidates += _soup_and_merge(ctx, inputs, ranked, scorer)
-    selected = max(candidates, key=lambda r: _rank(r, metric, tie_break))  # max keeps the first of equal values
+    selected, picked = pick(candidates, metric, tie_break)
     with main_writes() as main:
         if main:
             with atomic_dir(model_dir(ctx.stage_dir)) as tmp:
@@ -243,15 +266,16 @@ def run(ctx: StageContext, inputs: str, cands: list[dict], train: Train, scorer:
                   chosen, samples_dir(Path(r.output_model).parent), metric, "selection") if metric else None}
              for r in candidates]
     half = stats.half_mean(samples_dir(Path(selected.output_model).parent), metric, "selection") if metric else None
-    log.info("selected candidate %s by %s on the selection half of its problems: %s", selected.candidate,
-             metric or "(single candidate)", ", ".join(f"{r['candidate']} {_num(r['selection_half'])}" for r in table))
-    alike = [r["candidate"] for r in table if r["vs_selected"] and r["vs_selected"]["p_value"] >= 0.05]
-    if alike:
-        log.info("%s cannot be told apart from %s on the selection half (paired p >= 0.05): %s", ", ".join(alike),
-                 selected.candidate, f"{tie_break} broke the tie" if tie_break else "the pick among them is noise; "
-                 f"set {ctx.name}.gate.tie_break to a second metric (a continuous one) to decide")
+    log.info("selected candidate %s, %s, on the selection half of its problems: %s", selected.candidate, picked,
+             ", ".join(f"{r['candidate']} {_num(r['selection_half'])}" for r in table))
+    alike = [r["candidate"] for r in table if _alike(r["vs_selected"])]
+    if alike and not tie_break:
+        log.info("%s cannot be told apart from %s on the selection half (paired p >= 0.05): the pick among them is "
+                 "noise; set %s.gate.tie_break to a second metric (a continuous one) to decide", ", ".join(alike),
+                 selected.candidate, ctx.name)
     metrics = {**(selected.metrics or {}), "selected": selected.candidate,  # a soup or merge trained nothing
-               "selected_by": metric or None, "tie_rule": tie_rule(metric, tie_break), "candidates": table,
+               "selected_by": metric or None, "tie_rule": tie_rule(metric, tie_break), "picked": picked,
+               "candidates": table,
                "selection_problems": half[1] if half else None}
     return Trained(metrics, selected.eval, _trained_with(ctx, selected))
 

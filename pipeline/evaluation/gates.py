@@ -6,15 +6,19 @@ halts the chain (exit code 3); with `warn` it is logged and marked in the leader
 
 - `min`: fails when the metric is below it (the value as measured).
 - `test`: how the change against the previous checkpoint is judged. The change is measured problem by
-  problem (`stats.paired_difference` on lm-eval's per-problem samples): change = this - previous, with its
-  one-sided 95% bounds (Newcombe's paired score interval for a 0/1 metric, the paired t for any other).
-  - `no_significant_drop` (needs `max_drop`): fails only when the change is significantly below
-    -max_drop (its upper bound is under -max_drop): a drop that noise can explain passes.
-  - `non_inferior` (needs `max_drop`): passes only when the change is significantly above -max_drop (its
-    lower bound is over -max_drop): "no regression" has to be shown, not merely not disproved.
-  - `superior`: passes only on a significant gain (the lower bound of the change is over 0).
-  Without shared per-problem samples (other problems, or none kept) the point change is compared with the
-  same threshold and the verdict says that no error was known.
+  problem (`stats.paired_difference` on lm-eval's per-problem samples): change = this - previous, judged with the
+  one test that also makes its printed 95% interval and p (`stats`: Tango's score test for a 0/1 metric, the paired
+  t for any other), one-sided at `stats.ALPHA` = 2.5% against the gate's threshold, so a verdict is significant
+  exactly when the printed interval's bound lies beyond that threshold:
+  - `no_significant_drop` (needs `max_drop`): fails only when the change is significantly below -max_drop: a
+    drop that noise can explain passes.
+  - `non_inferior` (needs `max_drop`): passes only when the change is significantly above -max_drop: "no
+    regression" has to be shown, not merely not disproved.
+  - `superior`: passes only on a significant gain (the change significantly above 0).
+  When the test can tell nothing (no per-problem samples shared with the previous checkpoint, a zero standard
+  error, or too few problems for any outcome to be significant), `superior` and `non_inferior` give the verdict
+  "cannot judge", which stops the chain like a failure unless the gate's action is `warn`; `no_significant_drop`
+  passes and says that it judged nothing.
 
 Each verdict's reason is one sentence: the change as `stats.describe` writes it (95% interval, p, the
 problems gained and lost, n), then what the test concluded; the signs are those of the change (negative: this
@@ -25,43 +29,68 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.evaluation.stats import describe
+from pipeline.evaluation import stats
 
 NEEDS_MAX_DROP = ("no_significant_drop", "non_inferior")  # the tests that compare only with a max_drop set
+CANNOT = "cannot judge"
 
 
 def _change(value: float, previous: tuple[str, float], paired: dict | None) -> str:
-    """`0.700 (01-sft) -> 0.640: -0.060 [-0.101, -0.019], p=0.0042 (McNemar mid-p, +2 / -8, n=100)`."""
+    """`0.700 (01-sft) -> 0.640: -0.060 [-0.101, -0.019], p=0.0042 (Tango score, +2 / -8, n=100)`."""
     name, before = previous
     text = f"{before:.3f} ({name}) -> {value:.3f}"
-    return f"{text}: " + (describe(paired) if paired else f"{value - before:+.3f} (no paired samples, no error known)")
+    if paired and paired["p_value"] is not None:
+        return f"{text}: {stats.describe(paired)}"
+    return f"{text}: {value - before:+.3f}" + (f" (n={paired['n']})" if paired else "")
+
+
+def _untestable(paired: dict | None, threshold: float, above: bool) -> str | None:
+    """Why no outcome of the paired test could show the change `above` (or below) `threshold` (in the change's own
+    direction), or None when one could."""
+    if paired is None:
+        return "no per-problem samples shared with the previous checkpoint"
+    if paired.get("cannot_judge"):
+        return paired["cannot_judge"]
+    if "gained" in paired:
+        n = paired["n"]
+        best = stats.score_p(n, 0, n, threshold, True) if above else stats.score_p(0, n, n, threshold, False)
+        if best >= stats.ALPHA:
+            where = "above" if above else "below"
+            return f"over {n} problems no outcome could be significantly {where} {threshold:+.3f}"
+    return None
 
 
 def _test(test: str, value: float, previous: tuple[str, float], max_drop: float | None,
-          paired: dict | None, higher: bool = True) -> tuple[bool, str]:
-    """(failed, one-sentence reason) of the gate's `test` on the change from `previous` to `value`; for a metric
-    that is better `higher=False` (bits per byte), the change is judged turned round: a rise is the drop."""
-    low, high = (paired["bound_low"], paired["bound_high"]) if paired else (value - previous[1],) * 2
-    if not higher:
-        low, high = -high, -low
-    bound = "point change" if paired is None else "one-sided 95% {} bound"
-    if test == "no_significant_drop":
-        failed = high < -max_drop
-        why = (f"{bound.format('upper')} {high:+.3f} < -{max_drop:.3f}" if failed else
-               f"{bound.format('upper')} {high:+.3f} >= -{max_drop:.3f}")
-        verdict = (f"a significant drop beyond max_drop {max_drop:.3f}" if failed else
-                   f"no significant drop beyond max_drop {max_drop:.3f}")
-    elif test == "non_inferior":
-        failed = low <= -max_drop
-        why = f"{bound.format('lower')} {low:+.3f} {'<=' if failed else '>'} -{max_drop:.3f}"
-        verdict = (f"not shown within max_drop {max_drop:.3f}" if failed else
-                   f"shown not worse than max_drop {max_drop:.3f}")
-    else:  # superior
-        failed = low <= 0
-        why = f"{bound.format('lower')} {low:+.3f} {'<=' if failed else '>'} 0"
-        verdict = "no significant gain" if failed else "a significant gain"
+          paired: dict | None, higher: bool = True) -> tuple[str, str]:
+    """(outcome: `pass`, `fail` or `cannot judge`, one-sentence reason) of the gate's `test` on the change from
+    `previous` to `value`; for a metric that is better `higher=False` (bits per byte), the change is judged turned
+    round: a rise is the drop."""
+    threshold = 0.0 if test == "superior" else -max_drop  # in the judged direction (turned round when lower is better)
+    wants_above = test != "no_significant_drop"  # the other two pass on a change shown above the threshold
+    sign = 1 if higher else -1
+    above = wants_above == higher  # the same question in the paired change's own direction
+    change = _change(value, previous, paired)
     turned = "" if higher else ", lower is better: the change turned round"
-    return failed, f"{_change(value, previous, paired)}: {verdict} ({why}{turned})"
+    untestable = _untestable(paired, sign * threshold, above)
+    if untestable:
+        if test == "no_significant_drop":
+            return "pass", f"{change}: judged nothing ({untestable}{turned})"
+        return CANNOT, f"{change}: {CANNOT} ({untestable}{turned})"
+    p = stats.p_beyond(paired, sign * threshold, above)
+    significant = p < stats.ALPHA
+    low, high = (paired["ci_low"], paired["ci_high"]) if higher else (-paired["ci_high"], -paired["ci_low"])
+    bound, name = (low, "lower") if wants_above else (high, "upper")
+    side = {(True, True): ">", (True, False): "<=", (False, True): "<", (False, False): ">="}[wants_above, significant]
+    why = (f"one-sided p={p:.2g} {'<' if significant else '>='} {stats.ALPHA} that it is "
+           f"{'above' if wants_above else 'below'} {threshold:+.3f}; the 95% interval's {name} bound {bound:+.3f} "
+           f"{side} {threshold:+.3f}{turned}")
+    verdicts = {"superior": ("a significant gain", "no significant gain"),
+                "non_inferior": (f"shown not worse than max_drop {max_drop or 0:.3f}",
+                                 f"not shown within max_drop {max_drop or 0:.3f}"),
+                "no_significant_drop": (f"a significant drop beyond max_drop {max_drop or 0:.3f}",
+                                        f"no significant drop beyond max_drop {max_drop or 0:.3f}")}[test]
+    failed = significant != wants_above
+    return ("fail" if failed else "pass"), f"{change}: {verdicts[not significant]} ({why})"
 
 
 def judge(gate: Any, metrics: dict, previous: tuple[str, float] | None, paired: dict | None = None,
@@ -71,25 +100,27 @@ def judge(gate: Any, metrics: dict, previous: tuple[str, float] | None, paired: 
     `previous` is (checkpoint, value) of the checkpoint to compare with; `paired` its
     `stats.paired_difference(previous, this stage)` on the gate metric, or None when not known; `higher`: whether
     the metric is better higher (lm-eval's `higher_is_better`); `sight`: what the gate can see (`power.sight`),
-    recorded with the verdict.
+    recorded with the verdict. The verdict is `pass`, `fail` (action stop), `warn` (action warn) or `cannot judge`
+    (a `superior` or `non_inferior` test that could tell nothing: it stops the chain unless the action is warn).
     """
     if not gate.metric:
         return None
     value = metrics[gate.metric]
     test = gate.test
-    reasons, notes = [], []
+    reasons, notes, outcome = [], [], None
     if gate.min is not None and (value < gate.min if higher else value > gate.min):
         reasons.append(f"{value:.4f} < min {gate.min:.4f}" if higher else
                        f"{value:.4f} > min {gate.min:.4f} (lower is better: the bound is a ceiling)")
     compares = gate.max_drop is not None or test not in NEEDS_MAX_DROP
     if compares and previous is not None:
-        failed, text = _test(test, value, previous, gate.max_drop, paired, higher)
-        (reasons if failed else notes).append(text)
+        outcome, text = _test(test, value, previous, gate.max_drop, paired, higher)
+        (notes if outcome == "pass" else reasons).append(text)
     passed = not reasons
+    verdict = ("pass" if passed else CANNOT if outcome == CANNOT and len(reasons) == 1 else
+               "fail" if gate.action == "stop" else "warn")
     return {
         "metric": gate.metric, "value": value, "min": gate.min, "max_drop": gate.max_drop, "test": test,
         "previous": {"checkpoint": previous[0], "value": previous[1]} if previous else None,
         "paired": paired, "higher_is_better": higher, "sight": sight, "action": gate.action, "passed": passed,
-        "verdict": "pass" if passed else ("fail" if gate.action == "stop" else "warn"),
-        "reason": "; ".join(reasons) or "; ".join(["passed", *notes]),
+        "verdict": verdict, "reason": "; ".join(reasons) or "; ".join(["passed", *notes]),
     }

@@ -1,41 +1,47 @@
-"""What a gate can see: the smallest change its paired test detects, known before it judges.
+"""What a gate can see: the smallest change its paired test detects with 80% power.
 
-A gate's test (`gates`) compares a stage with its input problem by problem, with one-sided 95% bounds. Over n
-problems it detects, with 80% power, a true change of at least:
+A gate's test (`gates`, `stats`) compares a stage with its input problem by problem, one-sided at `stats.ALPHA`.
+Over n problems it detects, with 80% power, a true change of at least:
 
-- a 0/1 metric at score r (the input's): the solution d of Connor's (1987) sample size for McNemar's test,
-  n = (z_0.95 sqrt(psi) + z_0.80 sqrt(psi - d^2))^2 / d^2, with psi = 2 r (1 - r), the share of problems whose
-  answer changes when the two checkpoints answer independently (the most churn: a bound, not a guess);
-- a continuous metric with per-problem SD s (the input's): (z_0.95 + z_0.80) s / sqrt(n), taking the two
-  checkpoints' per-problem values as correlated 0.5 (so the paired difference has SD s).
+- a 0/1 metric whose answers change on a share psi of the problems (the churn: problems gained plus lost, over n):
+  the solution d of Connor's (1987) sample size for McNemar's test, n = (z_a sqrt(psi) + z_b sqrt(psi - d^2))^2 / d^2
+  (statsmodels has no power function for it);
+- a continuous metric whose paired differences have SD s: d s, with d the effect size statsmodels' `TTestPower`
+  solves for at n (the paired t-test is the one-sample t of the differences).
 
-Before the input is scored r is assumed 0.5 (the most noise) and said so. A gate cannot see what it judges when its
-`max_drop` (for `no_significant_drop` / `non_inferior`) is below that change, or when a 0/1 metric sits at its floor
-or ceiling (fewer than `EDGE` problems right, or wrong, expected): a warning in the log and the headline, exit 2
-under `strict_gates=true`.
+Once both checkpoints are scored, psi and s are those observed on the problems the gate judges (the sight is
+measured, not assumed). Before the run the input's score is assumed 0.5 and its answers to change independently,
+psi = 0.5 (the most churn there can be): a stated assumption, printed as such (`plan=true`, the run's log), never a
+warning. A gate cannot see what it judges when a test that looks for a drop (`no_significant_drop`,
+`non_inferior`) has a `max_drop` below that change, or sits at the metric's floor (fewer than `EDGE` right answers
+to lose), or a `superior` test sits at its ceiling (fewer than `EDGE` wrong answers to gain); never when the change
+was significant: then it saw it. A blind gate is a warning in the log and the headline, exit 2 under
+`strict_gates=true`.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from scipy import optimize
 from scipy.stats import norm
+from statsmodels.stats.power import TTestPower
 
 from pipeline import extension
 from pipeline.config import sweeps
+from pipeline.evaluation.stats import ALPHA
 
-ALPHA, POWER = 0.05, 0.80  # one-sided, as the gates' bounds
-EDGE = 5  # fewer expected right (or wrong) answers than this: the metric sits at its floor (or ceiling)
-ASSUMED_RATE = 0.5  # the input's score before it is scored: the most noise a 0/1 metric can have
+POWER = 0.80
+EDGE = 5  # fewer right (or wrong) answers than this: the metric sits at its floor (or ceiling)
+ASSUMED_RATE = 0.5  # the input's score before it is scored, its answers changing independently: the most churn
 BINARY = ("exact_match", "acc", "acc_norm")  # metrics scored 0 or 1 per problem; others are continuous
 RANGES = {**{m: (0.0, 1.0) for m in BINARY}, "bits_per_byte": (0.0, math.inf)}  # the values a known metric takes
 # problems per shipped task, as published (GSM8K's test set; the validation slice of tasks/gsm8k_validation.py)
 SIZES = {"gsm8k_local": 1319, "gsm8k_local_bpb": 1319, "gsm8k_local_val": 500, "gsm8k_local_val_bpb": 500}
+DROPS = ("no_significant_drop", "non_inferior")  # the tests that look for a drop; `superior` looks for a gain
 
 
 def measure(metric: str) -> str:
@@ -48,16 +54,16 @@ def binary(metric: str) -> bool:
     return measure(metric) in BINARY
 
 
-def detectable(n: int, rate: float | None = None, sd: float | None = None) -> float:
-    """The smallest true change a one-sided 5% paired test over `n` problems detects with 80% power: of a 0/1
-    metric at score `rate`, or of a continuous one with per-problem SD `sd`; inf when no change can be."""
-    za, zb = norm.ppf(1 - ALPHA), norm.ppf(POWER)
+def detectable(n: int, churn: float | None = None, sd: float | None = None) -> float:
+    """The smallest true change the gates' one-sided paired test over `n` problems detects with 80% power: of a 0/1
+    metric whose answers change on a share `churn` of the problems, or of a continuous one whose paired differences
+    have SD `sd`; inf when no change can be."""
     if n < 2:
         return math.inf
     if sd is not None:
-        return (za + zb) * sd / math.sqrt(n)
-    r = min(max(rate if rate is not None else ASSUMED_RATE, 0.5 / n), 1 - 0.5 / n)
-    psi = 2 * r * (1 - r)
+        return float(TTestPower().solve_power(nobs=n, alpha=ALPHA, power=POWER, alternative="larger")) * sd
+    za, zb = norm.ppf(1 - ALPHA), norm.ppf(POWER)
+    psi = min(max(churn, 1 / n), 1.0)  # at least one problem's worth: none observed is not none possible
 
     def needed(d: float) -> float:  # problems needed to detect d, less n
         return (za * math.sqrt(psi) + zb * math.sqrt(max(psi - d * d, 0.0))) ** 2 / (d * d) - n
@@ -68,38 +74,52 @@ def detectable(n: int, rate: float | None = None, sd: float | None = None) -> fl
 
 def blind(test: str, max_drop: float | None, change: float, n: int, rate: float | None) -> str | None:
     """Why a gate cannot see what it judges (its `test` and `max_drop`, the `change` it detects over `n` problems,
-    the input's 0/1 `rate`, None for a continuous metric), or None when it can."""
-    if rate is not None and min(rate, 1 - rate) * n < EDGE:
-        edge = "floor" if rate < 0.5 else "ceiling"
-        return (f"the metric sits at its {edge}: {rate:.3f} of {n} problems is about {round(rate * n)} right "
-                f"answers, too few for a paired test to move")
-    if max_drop is not None and test != "superior" and max_drop < change:
+    the input's 0/1 `rate`, None for a continuous metric), or None when it can: a drop test at the floor or with a
+    max_drop below the change, a gain test at the ceiling."""
+    drops = test in DROPS
+    if rate is not None and (rate if drops else 1 - rate) * n < EDGE:
+        edge, few = ("floor", "right answers to lose") if drops else ("ceiling", "wrong answers to gain")
+        return (f"the metric sits at its {edge}: {rate:.3f} of {n} problems leaves about "
+                f"{round((rate if drops else 1 - rate) * n)} {few}")
+    if not math.isfinite(change):
+        return f"{n} problem{'s' * (n != 1)} detect no change"
+    if max_drop is not None and drops and max_drop < change:
         return f"max_drop {max_drop:.3f} is below the smallest change this gate detects ({change:.3f})"
     return None
 
 
-def describe(change: float, n: int, rate: float | None, assumed: bool) -> str:
-    """`detects +-0.033 (80% power, n=150, input 0.013)`."""
-    at = "" if rate is None else f", input {rate:.3f}" + (" assumed: the most noise" if assumed else "")
-    return f"detects \u00b1{change:.3f} (80% power, n={n}{at})" if math.isfinite(change) else \
-        f"detects no change (n={n}{at})"
+def describe(change: float, n: int, metric: str, spread: str) -> str:
+    """`sees ±0.033 on tiny_gsm_val/exact_match,strict-match (80% power, n=150, churn 0.040)`."""
+    seen = f"sees \u00b1{change:.3f}" if math.isfinite(change) else "sees no change"
+    return f"{seen} on {metric} (80% power, n={n}, {spread})"
 
 
-def sight(gate: Any, values: dict[int, float]) -> dict | None:
-    """What `gate` can see over the input's per-problem `values` of its metric (the problems it judges): {detectable,
-    n, rate (a 0/1 metric's score, else None), blind (why it cannot see, else None), text}; None without values."""
-    if not values:
+def sight(gate: Any, paired: dict | None, before: dict[int, float], half: str | None = None) -> dict | None:
+    """What `gate` sees in the change it judged (`paired`, a `stats.compare` of the input and the stage on the
+    problems the gate judges, `half` of them when a sweep picked on the other) over the input's per-problem `before`
+    values: {detectable, n, rate (the input's 0/1 score, else None), churn or sd (observed), blind (why it cannot
+    see, else None; never beside a significant change), text}; None without a paired change, or when the gate
+    judges no change (a drop test without `max_drop`)."""
+    if not paired or paired.get("p_value") is None or (gate.test in DROPS and gate.max_drop is None):
         return None
-    n, scores = len(values), list(values.values())
-    binary = all(v in (0.0, 1.0) for v in scores)
-    rate = sum(scores) / n if binary else None
-    change = detectable(n, rate, None if binary else (statistics.stdev(scores) if n > 1 else 0.0))
-    return {"detectable": change, "n": n, "rate": rate, "blind": blind(gate.test, gate.max_drop, change, n, rate),
-            "text": describe(change, n, rate, assumed=False)}
+    n, where = paired["n"], gate.metric + (f", {half} half" if half else "")
+    if "gained" in paired:
+        churn = (paired["gained"] + paired["lost"]) / n
+        rate = sum(before.values()) / len(before) if before else 0.0
+        change, spread, measured = detectable(n, churn), f"churn {churn:.3f}", {"churn": churn}
+    else:
+        sd = paired["se"] * math.sqrt(n)
+        rate, change, measured = None, detectable(n, sd=sd), {"sd": sd}
+        spread = f"SD of the paired differences {sd:.3g}"
+    seen = paired["p_value"] < 2 * ALPHA  # the two-sided 95% interval leaves 0 out: the change was seen
+    return {"detectable": change, "n": n, "rate": rate, "half": half, **measured,
+            "blind": None if seen else blind(gate.test, gate.max_drop, change, n, rate),
+            "text": describe(change, n, where, spread)}
 
 
 def before_run(cfg: Any, name: str) -> dict | None:
-    """What the gate of stage `name` can see before its input is scored (`planned`); None without a gate."""
+    """What the gate of stage `name` would see under the stated assumption, before its input is scored (`planned`);
+    None without a gate."""
     gate = cfg[name].gate
     if not gate.metric:
         return None
@@ -121,18 +141,23 @@ def problem_count(cfg: Any, ev: dict, task: str) -> int | None:
 
 
 def planned(gate: Any, n: int | None, halved: bool) -> dict:
-    """What `gate` can see before its input is scored, over the `n` problems of its task (half of them, `halved`,
-    when a sweep selects on the other half): {detectable, n, rate, assumed, blind, text}, at the assumed input
-    score `ASSUMED_RATE`; for a continuous metric, or an unknown n, only a note."""
+    """What `gate` would see before its input is scored, over the `n` problems of its task (half of them, `halved`,
+    when a sweep selects on the other half), under the stated assumption (input score `ASSUMED_RATE`, answers
+    changing independently): {detectable, n, rate, assumed, may_miss (what it may not see then, else None), text};
+    for a continuous metric, or an unknown n, only a note."""
     if n is None:
-        return {"n": None, "text": "n unknown before its task is loaded: computed once its input is scored"}
+        return {"n": None, "text": "n unknown before its task is loaded: its sight is measured once it has judged"}
     n = n // 2 if halved else n
+    if gate.test in DROPS and gate.max_drop is None:
+        return {"n": n, "text": f"judges no change (no max_drop), only its floor, over n={n}"}
     if not binary(gate.metric):
-        return {"n": n, "text": f"a continuous metric over n={n}: its sight is known once its input is scored"}
-    change = detectable(n, ASSUMED_RATE)
+        return {"n": n, "text": f"a continuous metric over n={n}: its sight is measured once it has judged"}
+    churn = 2 * ASSUMED_RATE * (1 - ASSUMED_RATE)
+    change = detectable(n, churn)
+    text = describe(change, n, gate.metric, f"assumed: input {ASSUMED_RATE}, answers changing independently, "
+                                            f"churn {churn:.2f}, the most there can be")
     return {"detectable": change, "n": n, "rate": ASSUMED_RATE, "assumed": True,
-            "blind": blind(gate.test, gate.max_drop, change, n, None),
-            "text": describe(change, n, ASSUMED_RATE, assumed=True)}
+            "may_miss": blind(gate.test, gate.max_drop, change, n, None), "text": text}
 
 
 def impossible(gate: Any) -> str | None:

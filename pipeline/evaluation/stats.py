@@ -2,14 +2,22 @@
 
 `run_eval` keeps `<eval dir>/samples_<task>.jsonl`: one row per problem and answer filter, with its
 `doc_id` and the metric's per-problem value. Two checkpoints scored on the same problems are compared
-problem by problem, with scipy's tests:
+problem by problem, each metric with one test and the interval that inverts it:
 
-- a 0/1 metric (exact match, accuracy): McNemar's mid-p test on the problems gained and lost (the exact
-  binomial test of the discordant pairs, scipy's `binomtest`, less half the probability of the observed count),
-  and Newcombe's hybrid score interval for paired proportions (his method 10, built on scipy's Wilson intervals
-  of the two scores), which keeps its coverage at a handful of discordant problems, where a Wald interval
-  collapses to a point;
-- any other metric (a log-probability, bits per byte): the paired t-test and its interval (`ttest_rel`).
+- a 0/1 metric (exact match, accuracy): Tango's score test of the paired difference of two proportions and its
+  score interval (Tango 1998, "Equivalence test and confidence interval for the difference in proportions for the
+  paired-sample design", Statistics in Medicine 17:891-908; recommended by Fagerland, Lydersen and Laake 2014,
+  "Recommended tests and confidence intervals for paired binomial proportions", Statistics in Medicine
+  33:2850-2875), with Edwards' continuity correction (`CORRECTION`), which keeps its one-sided error within its
+  level (`tests/test_stats.py` weighs every table exactly). It depends only on the problems gained and lost and n;
+  at a change of 0 it is McNemar's test with that correction (statsmodels' `mcnemar(correction=True)`);
+- any other metric (a log-probability, bits per byte): the paired t-test and its interval (scipy's `ttest_rel`).
+
+Everything printed and decided comes from that one test: the two-sided 95% interval, the two-sided p against no
+change (below 0.05 exactly when the interval leaves 0 out), and each gate's one-sided test at `ALPHA` = 2.5%
+against its threshold (significant exactly when the interval's bound lies beyond it). A comparison that no
+outcome could make significant (a zero standard error, too few problems) says so (`cannot_judge`) rather than
+printing a p of 0.
 
 A sweep picks its model on one half of the validation problems and its gate judges it on the other
 (`HALVES`: even doc_ids select, odd doc_ids gate), so that the gate's estimate is not the winner's curse
@@ -18,15 +26,22 @@ of the pick: the best of several candidates on the same problems scores above it
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from scipy import stats as scipy_stats
+from scipy.stats import norm
 
 from pipeline.runfolder import recall, samples_file
 
+ALPHA = 0.025  # one-sided error of every gate's test: the bound of the two-sided 95% interval
+Z = float(norm.ppf(1 - ALPHA))
+# Edwards' continuity correction of McNemar's test (gained - lost moves in steps of 2): uncorrected, Tango's test
+# calls a drop beyond a margin up to 4.4% of the time at its nominal 2.5% (skewed tables, few problems changing)
+CORRECTION = 1.0
 HALVES = {"selection": 0, "gate": 1}  # doc_id % 2 of each half of a swept stage's validation problems
 
 
@@ -75,57 +90,89 @@ def paired_difference(a_dir: Path, b_dir: Path, metric: str, half: str | None = 
 
 def compare(a: list[float], b: list[float]) -> dict:
     """The paired change `b - a` of one metric on the same problems: {diff, se (the paired standard error), ci_low,
-    ci_high (two-sided 95%), bound_low, bound_high (one-sided 95% bounds), n, p_value (two-sided), test}, plus
-    {gained, lost} (problems b gets right and a does not, and the reverse) for a 0/1 metric."""
+    ci_high (two-sided 95%), n, p_value (two-sided, against no change), test}, plus {gained, lost} (problems b gets
+    right and a does not, and the reverse) for a 0/1 metric, and `cannot_judge` (why no test can tell anything,
+    with p_value None and the interval the point) when none can."""
     n = len(a)
     d = [y - x for x, y in zip(a, b, strict=True)]
     diff = sum(d) / n
     se = math.sqrt(sum((x - diff) ** 2 for x in d) / (n - 1) / n) if n > 1 else 0.0
     out = {"diff": diff, "se": se, "n": n}
     if all(v in (0.0, 1.0) for v in (*a, *b)):
-        gained, lost, both = sum(x > 0 for x in d), sum(x < 0 for x in d), sum(x * y for x, y in zip(a, b, strict=True))
-        low, high = newcombe_interval(int(both), gained, lost, n, 0.95)
-        bound_low, bound_high = newcombe_interval(int(both), gained, lost, n, 0.90)
-        return {**out, "ci_low": low, "ci_high": high, "bound_low": bound_low, "bound_high": bound_high,
-                "p_value": mcnemar_midp(gained, lost), "test": "McNemar mid-p", "gained": gained, "lost": lost}
-    if se == 0:  # every problem moved by the same amount: no noise left to test against
-        return {**out, "ci_low": diff, "ci_high": diff, "bound_low": diff, "bound_high": diff,
-                "p_value": 1.0 if diff == 0 else 0.0, "test": "paired t"}
+        gained, lost = sum(x > 0 for x in d), sum(x < 0 for x in d)
+        low, high = score_interval(gained, lost, n)
+        out |= {"ci_low": low, "ci_high": high, "p_value": float(2 * norm.sf(abs(tango_z(gained, lost, n, 0.0)))),
+                "test": "Tango score", "gained": gained, "lost": lost}
+        if max(score_p(n, 0, n, 0.0, above=True), score_p(0, n, n, 0.0, above=False)) >= ALPHA:
+            return {**out, "p_value": None, "cannot_judge": f"{n} shared problem{'s' * (n != 1)}: no outcome could be "
+                                                            "significant"}
+        return out
+    if se == 0:
+        why = "one shared problem" if n < 2 else "every problem moved by the same amount: no noise to test against"
+        return {**out, "ci_low": diff, "ci_high": diff, "p_value": None, "test": "paired t", "cannot_judge": why}
     result = scipy_stats.ttest_rel(b, a)
-    two, one = result.confidence_interval(0.95), result.confidence_interval(0.90)
-    return {**out, "ci_low": float(two.low), "ci_high": float(two.high), "bound_low": float(one.low),
-            "bound_high": float(one.high), "p_value": float(result.pvalue), "test": "paired t"}
+    ci = result.confidence_interval(1 - 2 * ALPHA)
+    return {**out, "ci_low": float(ci.low), "ci_high": float(ci.high), "p_value": float(result.pvalue),
+            "test": "paired t"}
 
 
-@functools.lru_cache(maxsize=65536)
-def mcnemar_midp(gained: int, lost: int) -> float:
-    """Two-sided McNemar mid-p value of `gained` against `lost` discordant problems: twice the binomial (scipy's)
-    probability of a split more lopsided than the one observed plus half that of the observed one."""
-    m, k = gained + lost, min(gained, lost)
-    return float(min(1.0, 2 * (scipy_stats.binom.cdf(k - 1, m, 0.5) + scipy_stats.binom.pmf(k, m, 0.5) / 2)))
+def tango_z(gained: Any, lost: Any, n: Any, delta: Any) -> Any:
+    """Tango's score statistic of `(gained - lost) / n = delta` (numbers or numpy arrays): the observed difference less
+    `delta` (brought `CORRECTION` problems nearer to it), over its standard error at the maximum-likelihood table that
+    has difference `delta`; large when the change is above `delta`."""
+    gained, lost, n, delta = (np.asarray(v, dtype=float) for v in (gained, lost, n, delta))
+    b = delta * (2 * n - gained + lost) - gained - lost
+    q = (np.sqrt(np.maximum(b * b + 8 * n * lost * delta * (1 - delta), 0.0)) - b) / (4 * n)  # the share lost
+    u, var = gained - lost - n * delta, n * (2 * q + delta * (1 - delta))
+    u = np.sign(u) * np.maximum(np.abs(u) - CORRECTION, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(var > 0, u / np.sqrt(np.where(var > 0, var, 1.0)), np.where(u == 0, 0.0, np.sign(u) * np.inf))
+    return z if z.ndim else float(z)
 
 
-@functools.lru_cache(maxsize=65536)
-def newcombe_interval(both: int, gained: int, lost: int, n: int, confidence: float) -> tuple[float, float]:
-    """Newcombe's hybrid score interval (1998, method 10) of the paired difference of two 0/1 scores over `n`
-    problems: the second checkpoint's score (both + gained) / n less the first's (both + lost) / n, built from
-    scipy's Wilson intervals of the two scores and their phi correlation."""
-    neither = n - both - gained - lost
-    p1, p2 = (both + gained) / n, (both + lost) / n
-    (l1, u1), (l2, u2) = (scipy_stats.binomtest(k, n).proportion_ci(confidence, "wilson")
-                          for k in (both + gained, both + lost))
-    margins = (both + gained) * (lost + neither) * (both + lost) * (gained + neither)
-    phi = (both * neither - gained * lost) / math.sqrt(margins) if margins else 0.0
-    down = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
-    up = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
-    return p1 - p2 - down, p1 - p2 + up
+def score_p(gained: Any, lost: Any, n: Any, threshold: Any, above: bool) -> Any:
+    """One-sided p of Tango's test that the change (gained - lost) / n lies `above` (or below) `threshold`
+    (numbers or numpy arrays)."""
+    z = tango_z(gained, lost, n, threshold)
+    return norm.sf(z) if above else norm.cdf(z)
+
+
+def score_interval(gained: Any, lost: Any, n: Any) -> tuple[Any, Any]:
+    """The two-sided 95% interval of the change (gained - lost) / n that inverts Tango's test (numbers or numpy
+    arrays): every threshold the one-sided test at `ALPHA` rejects on neither side, found by bisection (the statistic
+    falls as the threshold rises)."""
+    g, lo, m = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (gained, lost, n)))
+    diff = (g - lo) / m
+
+    def edge(end: float, side: int) -> np.ndarray:
+        inside, outside = diff, np.full_like(diff, end)
+        for _ in range(60):
+            mid = (inside + outside) / 2
+            keep = side * tango_z(g, lo, m, mid) <= Z
+            inside, outside = np.where(keep, mid, inside), np.where(keep, outside, mid)
+        return np.where(side * tango_z(g, lo, m, end) <= Z, end, inside)
+
+    low, high = edge(-1.0, 1), edge(1.0, -1)
+    return (float(low), float(high)) if low.ndim == 0 else (low, high)
+
+
+def p_beyond(paired: dict, threshold: float, above: bool) -> float:
+    """One-sided p that the change of `paired` (a `compare`) lies `above` (or below) `threshold`, from the test that
+    made its interval: significant at `ALPHA` exactly when the interval's bound lies beyond the threshold."""
+    if "gained" in paired:
+        return float(score_p(paired["gained"], paired["lost"], paired["n"], threshold, above))
+    t = (paired["diff"] - threshold) / paired["se"]
+    return float(scipy_stats.t.sf(t, paired["n"] - 1) if above else scipy_stats.t.cdf(t, paired["n"] - 1))
 
 
 def describe(paired: dict, digits: int = 3) -> str:
-    """The one text of a paired change the product prints: `+0.008 [-0.000, +0.017], p=0.05 (McNemar mid-p,
-    +21 / -10, n=1319)`."""
-    p = paired["p_value"]
+    """The one text of a paired change the product prints: `+0.008 [-0.000, +0.017], p=0.05 (Tango score,
+    +21 / -10, n=1319)`; a comparison no test can judge: `+0.000, not testable: <why> (n=1)`."""
     counts = f", +{paired['gained']} / -{paired['lost']}" if "gained" in paired else ""
+    p = paired["p_value"]
+    if p is None:
+        where = f"{counts[2:]}, n={paired['n']}" if counts else f"n={paired['n']}"
+        return f"{paired['diff']:+.{digits}f}, not testable: {paired.get('cannot_judge')} ({where})"
     test = paired.get("test", "paired")
     return (f"{paired['diff']:+.{digits}f} [{paired['ci_low']:+.{digits}f}, {paired['ci_high']:+.{digits}f}], "
             f"{f'p={p:.2g}' if p >= 1e-4 else 'p<1e-4'} ({test}{counts}, n={paired['n']})")

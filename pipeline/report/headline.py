@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.evaluation import stats
-from pipeline.evaluation.power import binary
+from pipeline.evaluation.power import binary, measure
 from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, recall, stage_folders
 
 COLUMNS = ("checkpoint", "validation", "test", "test strict / flexible / answers stopped",
-           "\u0394 test [95% CI], p (test, problems gained / lost, n)", "gate (the smallest change it detects)",
-           "train time")
+           "\u0394 test [95% CI], p (test, problems gained / lost, n)",
+           "gate (the smallest change it detects, in its metric)", "train time")
 SWEEP_COLUMNS = ("selection half", "\u0394 vs input on it [95% CI], p",  # after the candidate and its settings
                  "told apart from the selected on it?")
 
@@ -62,7 +62,8 @@ def stage_row(folder: Path, record: StageRecord, validation: str | None, test: s
     row = {"checkpoint": folder.name, "stage": record.stage, "selected": record.selected,
            "model": record.output_model, "validation": record.scores().get(validation),
            "test": record.scores().get(test), "gate": (record.gate or {}).get("verdict"),
-           "sight": (record.gate or {}).get("sight"), "train_s": record.wall_time_s,
+           "gate_metric": (record.gate or {}).get("metric"), "sight": (record.gate or {}).get("sight"),
+           "train_s": record.wall_time_s,
            "formats": formats(record.scores(), test)}
     source = earlier = input_stage(folder) if folder.name != BASE and row["test"] is not None else None
     while earlier is not None and test not in StageRecord.read(earlier).scores():
@@ -85,7 +86,8 @@ def sweep_rows(stage: Path, record: StageRecord) -> list[dict]:
         swept = sorted((record.config or {}).get("sweep") or {})
         out.append({"candidate": c["candidate"], "settings": {k: config.get(k) for k in swept},
                     "selection_half": c.get("selection_half"), "vs_input": c.get("vs_input"),
-                    "vs_selected": c.get("vs_selected"), "selected": c["candidate"] == record.selected})
+                    "vs_selected": c.get("vs_selected"), "selected": c["candidate"] == record.selected,
+                    "picked": (record.metrics or {}).get("picked")})
     return out
 
 
@@ -145,13 +147,14 @@ def _formats(row: dict) -> str:
 
 
 def _gate(row: dict) -> str:
-    """The gate's verdict and the smallest change it detects: `pass (sees \u00b10.033)`, `warn (sees \u00b10.041;
-    blind)`."""
+    """The gate's verdict and the smallest change it detects in its metric, on the problems it judged: `pass (sees
+    \u00b10.033 exact_match)`, `warn (sees \u00b10.041 exact_match, gate half; blind)`."""
     sight = row.get("sight")
-    if not row.get("gate") or not sight:
+    if not row.get("gate") or not sight or "detectable" not in sight:
         return row.get("gate") or ""
     seen = f"sees \u00b1{sight['detectable']:.3f}" if sight["detectable"] != float("inf") else "sees nothing"
-    return f"{row['gate']} ({seen}{'; blind' if sight['blind'] else ''})"
+    where = measure(row["gate_metric"]) + (f", {sight['half']} half" if sight.get("half") else "")
+    return f"{row['gate']} ({seen} {where}{'; blind' if sight.get('blind') else ''})"
 
 
 def cells(row: dict) -> list[str]:
@@ -168,8 +171,8 @@ def sentence(row: dict) -> str | None:
     p = row.get("vs_input")
     if not p:
         return None
-    verdict = ("a significant gain" if p["ci_low"] > 0 else "a significant drop" if p["ci_high"] < 0
-               else "no significant change")
+    verdict = ("not testable" if p["p_value"] is None else "a significant gain" if p["ci_low"] > 0 else
+               "a significant drop" if p["ci_high"] < 0 else "no significant change")
     versus = f" vs {row['vs']}" if row.get("vs") else ""
     return f"{row['stage']} on test{versus}: {stats.describe(p)}: {verdict}"
 
@@ -186,7 +189,11 @@ def sweep_table(rows: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
 
 def told_apart(p: dict | None) -> str:
     """Whether a candidate differs from the selected one on the selection half: `no (p=0.61)`."""
-    return "" if not p else f"{'yes' if p['p_value'] < 0.05 else 'no'} (p={p['p_value']:.2g})"
+    if not p:
+        return ""
+    if p["p_value"] is None:
+        return "no (not testable)"
+    return f"{'yes' if p['p_value'] < 0.05 else 'no'} (p={p['p_value']:.2g})"
 
 
 def _table(head: tuple[str, ...], body: list[list[str]]) -> list[str]:
@@ -206,6 +213,7 @@ def markdown(h: Headline) -> str:
     lines += [f"- the gate of {r['stage']} cannot see what it judges: {r['sight']['blind']}; it "
               f"{r['sight']['text']}" for r in h.rows if (r.get("sight") or {}).get("blind")]
     for stage, sweep in h.sweeps.items():
-        lines += ["", f"### {stage}: sweep (selected on the selection half of validation; the gate judges the other "
+        picked = next((r["picked"] for r in sweep if r.get("picked")), "selected")
+        lines += ["", f"### {stage}: sweep ({picked}, on the selection half of validation; the gate judges the other "
                   "half)", "", *_table(*sweep_table(sweep))]
     return "\n".join(lines) + "\n"
