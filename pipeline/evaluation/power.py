@@ -4,8 +4,9 @@ A gate's test (`gates`, `stats`) compares a stage with its input problem by prob
 Over n problems it detects, with 80% power, a true change of at least:
 
 - a 0/1 metric whose answers change on a share psi of the problems (the churn: problems gained plus lost, over n):
-  the solution d of Connor's (1987) sample size for McNemar's test, n = (z_a sqrt(psi) + z_b sqrt(psi - d^2))^2 / d^2
-  (statsmodels has no power function for it);
+  the d that solves Connor's (1987) normal approximation of McNemar's test, with the test's continuity correction
+  (`stats.CORRECTION` problems): n d - c = z_a sqrt(n psi) + z_b sqrt(n (psi - d^2)) (statsmodels has no power
+  function for it), where a change of d moves at least d of the problems (psi is then at least d);
 - a continuous metric whose paired differences have SD s: d s, with d the effect size statsmodels' `TTestPower`
   solves for at n (the paired t-test is the one-sample t of the differences).
 
@@ -32,7 +33,7 @@ from statsmodels.stats.power import TTestPower
 
 from pipeline import extension
 from pipeline.config import sweeps
-from pipeline.evaluation.stats import ALPHA
+from pipeline.evaluation.stats import ALPHA, CORRECTION
 
 POWER = 0.80
 EDGE = 5  # fewer right (or wrong) answers than this: the metric sits at its floor (or ceiling)
@@ -65,11 +66,11 @@ def detectable(n: int, churn: float | None = None, sd: float | None = None) -> f
     za, zb = norm.ppf(1 - ALPHA), norm.ppf(POWER)
     psi = min(max(churn, 1 / n), 1.0)  # at least one problem's worth: none observed is not none possible
 
-    def needed(d: float) -> float:  # problems needed to detect d, less n
-        return (za * math.sqrt(psi) + zb * math.sqrt(max(psi - d * d, 0.0))) ** 2 / (d * d) - n
+    def short(d: float) -> float:  # how far n d falls short of what the corrected test needs to detect d
+        moved = max(psi, d)  # a change of d moves at least d of the problems
+        return n * d - CORRECTION - za * math.sqrt(n * moved) - zb * math.sqrt(n * max(moved - d * d, 0.0))
 
-    top = math.sqrt(psi)
-    return optimize.brentq(needed, 1e-9, top) if needed(top) < 0 else math.inf
+    return optimize.brentq(short, 1e-9, 1.0) if short(1.0) > 0 else math.inf
 
 
 def blind(test: str, max_drop: float | None, change: float, n: int, rate: float | None) -> str | None:
