@@ -70,7 +70,7 @@ def check_gain(stdout: str) -> None:
     assert [line.split(":")[0] for line in lines] == [f"{stage} {m}" for stage in ("01-sft", "02-dpo") for m in metrics]
     diff = r"[+-]\d\.\d{3}"
     for line in lines:
-        test = (rf"McNemar mid-p, \+\d+ / -\d+, n={PROBLEMS}" if "exact_match" in line else rf"paired t, n={PROBLEMS}")
+        test = (rf"Tango score, \+\d+ / -\d+, n={PROBLEMS}" if "exact_match" in line else rf"paired t, n={PROBLEMS}")
         pattern = rf": \d\.\d{{3}} \(n={PROBLEMS}\), vs base {diff} \[{diff}, {diff}\], p\S+ \({test}\)$"
         assert re.search(pattern, line), line
 

@@ -107,7 +107,7 @@ def test_leaderboard_formats_agree_and_rebuild_is_identical(gated_run, tmp_path)
     assert md.startswith("# Leaderboard\n\n## tiny: recipe tiny, ") and "final model " in md
     table = [line for line in md.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 3 and all(line.count(" | ") <= 7 for line in table)  # at most 8 columns
-    assert "- sft on test: " in md and "(McNemar mid-p, +" in md and "- midtrain on test: " in md
+    assert "- sft on test: " in md and "(Tango score, +" in md and "- midtrain on test: " in md
     terminal = (gated_run / "terminal.log").read_text()  # the end of the run prints the same headline
     assert all(line in terminal for line in table) and f"leaderboard: {gated_run / 'leaderboard.html'}" in terminal
     assert leaderboard.main([str(gated_run), "--out", str(tmp_path)]) == 0

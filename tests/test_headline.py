@@ -80,7 +80,7 @@ def test_headline_reports_each_stage_against_its_input_on_test(run):
     assert headline.sentence(rows[1]).startswith("sft on test: +0.750 [") and "a significant gain" in \
         headline.sentence(rows[1])
     assert headline.sentence(rows[2]).startswith("dpo on test: -0.025 [-") and headline.sentence(rows[2]).endswith(
-        f"(McNemar mid-p, +{dpo['gained']} / -{dpo['lost']}, n=40): no significant change")
+        f"(Tango score, +{dpo['gained']} / -{dpo['lost']}, n=40): no significant change")
     assert headline.title(h) == ("demo: recipe demo, 2026-12-04, code abcdef0, final model "
                                          "runs/demo/stages/02-dpo/model")
     cells = headline.cells(rows[2])

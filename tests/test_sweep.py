@@ -8,6 +8,7 @@ real weight averages scored like any candidate.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -111,8 +112,8 @@ def test_every_candidate_is_trained_with_its_settings_scored_and_the_best_select
         assert record.metrics["beta"] == cand["beta"] and record.metrics["learning_rate"] == cand["learning_rate"]
     m = trained.metrics
     assert m["selected"] == "beta0.1-lr2e-06" and m["selected_by"] == METRIC
-    assert m["tie_rule"] == sweep.tie_rule(METRIC, SMOL_TIE) == f"best {METRIC}; ties broken by {SMOL_TIE}, then to " \
-        f"{sweep.EARLIER}"
+    assert m["tie_rule"] == sweep.tie_rule(METRIC, SMOL_TIE) == f"best {METRIC}; among those not told apart from " \
+        f"the best (paired p >= 0.05), the best {SMOL_TIE}, then {sweep.EARLIER}"
     assert sweep.tie_rule(METRIC, "") == f"best {METRIC}; ties go to {sweep.EARLIER}"
     assert [(row["candidate"], row[METRIC]) for row in m["candidates"]] == [(IDS[0], -81), (IDS[1], -1),
                                                                           (IDS[2], -4), (IDS[3], -36)]
@@ -263,3 +264,26 @@ def test_a_run_folder_moved_mid_sweep_reuses_its_candidates_soup_included(tmp_pa
     trained = _run(ctx, again)
     assert again.trained == [] and again.scored == []  # every candidate and the soup reused where they are now
     assert trained.metrics["selected"] == "soup" and _weight(ctx.stage_dir / "model") == 10
+
+
+def _scored(folder: Path, name: str, right: int, bpb: float) -> StageRecord:
+    """A candidate whose eval kept per-problem rows of 100 problems: `right` of the 50 even ones (the selection
+    half) right, every problem at `bpb` bits per byte (better lower)."""
+    rows = [{"doc_id": i, "filter": "flexible-extract", "metrics": ["exact_match"],
+             "exact_match": float(i % 2 == 0 and i // 2 < right)} for i in range(100)]
+    rows += [{"doc_id": i, "filter": "none", "metrics": ["bpb"], "bpb": bpb + 0.001 * (i % 7)} for i in range(100)]
+    (folder / name / "eval").mkdir(parents=True)
+    (folder / name / "eval" / "samples_gsm8k_local_val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return StageRecord(stage="dpo", candidate=name, status="done", output_model=str(folder / name / "model"),
+                       eval={"metrics": {METRIC: right / 100, TIE: bpb},
+                             "higher_is_better": {"gsm8k_local_val": {"bpb": False}}})
+
+
+def test_candidates_not_told_apart_are_ordered_by_the_tie_break(tmp_path):
+    best, close, far = (_scored(tmp_path, "best", 30, 0.9), _scored(tmp_path, "close", 29, 0.7),
+                        _scored(tmp_path, "far", 10, 0.5))
+    chosen, how = sweep.pick([best, close, far], METRIC, TIE)
+    assert chosen is close and how == f"picked by {TIE} among 2 not told apart by {METRIC}"  # far is told apart
+    assert sweep.pick([best, close, far], METRIC, "")[0] is best  # without a tie-break the one-problem lead wins
+    alone, how = sweep.pick([best, far], METRIC, TIE)
+    assert alone is best and how == f"picked by {METRIC}: told apart from every other candidate"

@@ -166,7 +166,7 @@ def cells(row: dict) -> list[str]:
 
 
 def sentence(row: dict) -> str | None:
-    """`dpo on test: -0.006 [-0.016, +0.004], p=0.26 (McNemar mid-p, +4 / -12, n=1319): no significant change`;
+    """`dpo on test: -0.006 [-0.016, +0.004], p=0.26 (Tango score, +4 / -12, n=1319): no significant change`;
     None without a paired test."""
     p = row.get("vs_input")
     if not p:
