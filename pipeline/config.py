@@ -114,9 +114,10 @@ class RunConfig:
                            "Hub login (docs/publishing.md)", "")
     push_candidates: bool = arg("push_to_hub: also push each sweep candidate's model, to branch <NN-stage>-<id>", False)
     push_again: bool = arg("push_to_hub: push again what this run folder already pushed there unchanged", False)
-    strict_gates: bool = arg("a gate that cannot see what it judges (max_drop below the smallest change it detects, "
-                             "or its metric at the floor or ceiling; pipeline/evaluation/power.py) stops the run with "
-                             "exit 2 instead of a warning", False)
+    strict_gates: bool = arg("a gate that cannot see what it judges, measured once it has judged (max_drop below the "
+                             "smallest change it detects, or a drop test at the metric's floor, a gain test at its "
+                             "ceiling; pipeline/evaluation/power.py) stops the run with exit 2 instead of a warning",
+                             False)
     collective_timeout_s: int = arg("timeout of every collective (process-group waits, all-reduces) in seconds; 5 h as "
                                     "in SmolLM3's configs. Data preparation is not under it: the other ranks wait "
                                     "for the cache folder on disk", 18000)

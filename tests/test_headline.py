@@ -164,3 +164,11 @@ def test_the_sweep_table_says_which_candidates_the_selection_half_cannot_tell_ap
     assert head[-1] == "told apart from the selected on it?"
     assert [r[-1] for r in body] == ["", f"no (p={alike['p_value']:.2g})", f"yes (p={apart['p_value']:.2g})"]
     assert alike["p_value"] >= 0.05 > apart["p_value"]
+
+
+def test_the_readme_shows_headlines_with_the_columns_the_headline_prints():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    heads = [line for line in readme.splitlines() if line.startswith("| checkpoint |")]
+    assert heads, "README shows no headline table"
+    for head in heads:
+        assert tuple(c.strip() for c in head.strip("|").split("|")) == headline.COLUMNS, head
