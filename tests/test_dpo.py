@@ -55,8 +55,12 @@ def test_sweep_trains_four_candidates_then_soup_and_merge_and_selects_the_best(s
     best = max(row["selection_half"] for row in table)  # picked on the even problems of validation
     selected = stage["metrics"]["selected"]
     row = next(r for r in table if r["candidate"] == selected)
-    assert row["selection_half"] == best and stage["metrics"]["selection_problems"] == 25
-    assert stage["metrics"]["selected_by"] == METRIC and "ties" in stage["metrics"]["tie_rule"]
+    assert stage["metrics"]["selection_problems"] == 25 and stage["metrics"]["selected_by"] == METRIC
+    tie = "tiny_gsm_val_bpb/bits_per_byte,none"  # the recipe's tie-break, better lower
+    assert f"the best {tie}" in stage["metrics"]["tie_rule"]
+    if row["selection_half"] != best:  # a candidate not told apart from the best, with a better tie-break
+        assert f"picked by {tie} among" in stage["metrics"]["picked"]
+        assert row[tie] <= min(r[tie] for r in table if r["selection_half"] == best)
     assert stage["eval"]["metrics"][METRIC] == row[METRIC]
     # the gate judges the other half only: 25 problems the pick did not see
     assert stage["gate"]["paired"]["n"] == 25 and "gate half" in stage["gate"]["reason"]

@@ -90,7 +90,7 @@ def blind(test: str, max_drop: float | None, change: float, n: int, rate: float 
 
 
 def describe(change: float, n: int, metric: str, spread: str) -> str:
-    """`sees ±0.033 on tiny_gsm_val/exact_match,strict-match (80% power, n=150, churn 0.040)`."""
+    """`sees ±0.033 on gsm8k_local_val/exact_match,strict-match (80% power, n=150, churn 0.040)`."""
     seen = f"sees \u00b1{change:.3f}" if math.isfinite(change) else "sees no change"
     return f"{seen} on {metric} (80% power, n={n}, {spread})"
 
