@@ -110,8 +110,8 @@ def pick(candidates: list[StageRecord], metric: str, tie_break: str) -> tuple[St
 
 
 def _alike(paired: dict | None) -> bool:
-    """Whether a paired difference (`stats.compare`) does not tell the two apart (p >= 0.05, or not testable)."""
-    return paired is not None and (paired["p_value"] is None or paired["p_value"] >= 0.05)
+    """Whether a paired difference (`stats.compare`) does not tell the two apart (not `stats.significant`)."""
+    return paired is not None and not stats.significant(paired)
 
 
 def _value(record: StageRecord, metric: str) -> float:

@@ -51,12 +51,9 @@ def _untestable(paired: dict | None, threshold: float, above: bool) -> str | Non
         return "no per-problem samples shared with the previous checkpoint"
     if paired.get("cannot_judge"):
         return paired["cannot_judge"]
-    if "gained" in paired:
-        n = paired["n"]
-        best = stats.score_p(n, 0, n, threshold, True) if above else stats.score_p(0, n, n, threshold, False)
-        if best >= stats.ALPHA:
-            where = "above" if above else "below"
-            return f"over {n} problems no outcome could be significantly {where} {threshold:+.3f}"
+    if "gained" in paired and not stats.reachable(paired["n"], threshold, above):
+        where = "above" if above else "below"
+        return f"over {paired['n']} problems no outcome could be significantly {where} {threshold:+.3f}"
     return None
 
 

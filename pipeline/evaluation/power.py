@@ -33,7 +33,7 @@ from statsmodels.stats.power import TTestPower
 
 from pipeline import extension
 from pipeline.config import sweeps
-from pipeline.evaluation.stats import ALPHA, CORRECTION
+from pipeline.evaluation.stats import ALPHA, CORRECTION, significant
 
 POWER = 0.80
 EDGE = 5  # fewer right (or wrong) answers than this: the metric sits at its floor (or ceiling)
@@ -112,9 +112,8 @@ def sight(gate: Any, paired: dict | None, before: dict[int, float], half: str | 
         sd = paired["se"] * math.sqrt(n)
         rate, change, measured = None, detectable(n, sd=sd), {"sd": sd}
         spread = f"SD of the paired differences {sd:.3g}"
-    seen = paired["p_value"] < 2 * ALPHA  # the two-sided 95% interval leaves 0 out: the change was seen
     return {"detectable": change, "n": n, "rate": rate, "half": half, **measured,
-            "blind": None if seen else blind(gate.test, gate.max_drop, change, n, rate),
+            "blind": None if significant(paired) else blind(gate.test, gate.max_drop, change, n, rate),
             "text": describe(change, n, where, spread)}
 
 

@@ -103,7 +103,7 @@ def compare(a: list[float], b: list[float]) -> dict:
         low, high = score_interval(gained, lost, n)
         out |= {"ci_low": low, "ci_high": high, "p_value": float(2 * norm.sf(abs(tango_z(gained, lost, n, 0.0)))),
                 "test": "Tango score", "gained": gained, "lost": lost}
-        if max(score_p(n, 0, n, 0.0, above=True), score_p(0, n, n, 0.0, above=False)) >= ALPHA:
+        if not (reachable(n, 0.0, above=True) or reachable(n, 0.0, above=False)):
             return {**out, "p_value": None, "cannot_judge": f"{n} shared problem{'s' * (n != 1)}: no outcome could be "
                                                             "significant"}
         return out
@@ -135,6 +135,19 @@ def score_p(gained: Any, lost: Any, n: Any, threshold: Any, above: bool) -> Any:
     (numbers or numpy arrays)."""
     z = tango_z(gained, lost, n, threshold)
     return norm.sf(z) if above else norm.cdf(z)
+
+
+def reachable(n: int, threshold: float, above: bool) -> bool:
+    """Whether some table of `n` problems (the most lopsided one: all gained, or all lost) makes Tango's one-sided
+    test significant at `ALPHA` that the change lies `above` (or below) `threshold`."""
+    best = score_p(n, 0, n, threshold, True) if above else score_p(0, n, n, threshold, False)
+    return bool(best < ALPHA)
+
+
+def significant(paired: dict) -> bool:
+    """Whether the paired change (a `compare`) is told apart from no change: two-sided p < 0.05, the 95% interval
+    leaving 0 out (a comparison that is not testable is not)."""
+    return paired["p_value"] is not None and paired["p_value"] < 2 * ALPHA
 
 
 def score_interval(gained: Any, lost: Any, n: Any) -> tuple[Any, Any]:

@@ -193,7 +193,7 @@ def told_apart(p: dict | None) -> str:
         return ""
     if p["p_value"] is None:
         return "no (not testable)"
-    return f"{'yes' if p['p_value'] < 0.05 else 'no'} (p={p['p_value']:.2g})"
+    return f"{'yes' if stats.significant(p) else 'no'} (p={p['p_value']:.2g})"
 
 
 def _table(head: tuple[str, ...], body: list[list[str]]) -> list[str]:
