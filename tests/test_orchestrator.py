@@ -37,12 +37,13 @@ def _checkpoint(folder: Path, right: float) -> Path:
 class Chain:
     """Stand-in training (`scores`: stage -> fraction right) and scoring, recording what each was given."""
 
-    def __init__(self, scores: dict[str, float]) -> None:
+    def __init__(self, scores: dict[str, float | dict[float, float]]) -> None:
         self.scores, self.trained, self.scored = scores, [], []
 
     def train(self, ctx) -> dict:
         self.trained.append((ctx.name, Path(ctx.input_model)))
-        _checkpoint(ctx.out_dir / "model", self.scores[ctx.name])
+        score = self.scores[ctx.name]  # or by learning rate, for a sweep's candidates
+        _checkpoint(ctx.out_dir / "model", score[ctx.stage.learning_rate] if isinstance(score, dict) else score)
         return {"steps": 3, "loss_first": 2.0, "loss_last": 1.0}
 
     def run_eval(self, model, ev, tasks_dir, out_dir, model_cfg) -> dict:
@@ -174,3 +175,18 @@ def test_a_second_run_on_the_same_weights_takes_their_scores_from_the_cache(chai
     assert code == 0 and len(again.trained) == 2 and again.scored == []  # trained anew, not scored
     assert _record(other, "02-midtrain")["eval"]["metrics"][GATE] == 0.75
     assert (other / "pipeline.log").read_text().count("scores reused: the same weights were scored the same way") == 3
+
+
+def test_after_a_sweep_the_next_stage_is_judged_on_the_gate_half_only(chain):
+    # the sweep picks sft's learning rate on the even doc_ids; its pick (21 of 40 right: doc_ids 0-20, 11 even and
+    # 10 odd) scores above its gate-half value there, so midtrain (30 right: 15 odd) is judged on the odd ones
+    code, run, fake = chain({"sft": {1e-4: 0.25, 1e-3: 0.525}, "midtrain": 0.75}, "sft.sweep.learning_rate=[1e-4,1e-3]")
+    assert code == 0 and [name for name, _ in fake.trained] == ["sft", "sft", "midtrain"]
+    assert _record(run, "01-sft")["metrics"]["selected"] == "lr0.001"
+    verdict = _record(run, "02-midtrain")["gate"]
+    assert verdict["previous"] == {"checkpoint": "01-sft", "value": 0.5} and verdict["value"] == 0.75
+    assert verdict["paired"]["n"] == N // 2 and (verdict["paired"]["gained"], verdict["paired"]["lost"]) == (5, 0)
+    assert "judged on the gate half" in verdict["reason"]
+    code, _, _ = chain({"sft": 0.525, "midtrain": 0.75}, f"output_root={run.parent.parent / 'plain'}")
+    plain = _record(run.parent.parent / "plain" / "tiny", "02-midtrain")["gate"]  # no sweep: every problem
+    assert code == 0 and plain["paired"]["n"] == N and plain["previous"]["value"] == 0.525
