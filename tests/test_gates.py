@@ -181,3 +181,81 @@ def test_halves_split_the_problems_by_doc_id_parity(tmp_path):
     gate = paired_difference(a, b, M, "gate")
     assert gate["n"] == 10 and gate["diff"] == 0.0 and gate["p_value"] == 1.0
     assert half_mean(tmp_path / "missing", M, "gate") is None
+
+
+def test_a_metric_better_lower_is_judged_against_its_threshold_turned_round():
+    before = [1.0 + 0.01 * i for i in range(40)]
+    bpb = "t/bits_per_byte,none"
+    verdicts = {}
+    for rise in (0.03, 0.07):  # bits per byte up on every problem (a little noise): within max_drop 0.05, beyond it
+        paired = compare(before, [v + rise + 0.001 * (-1) ** i for i, v in enumerate(before)])
+        verdicts[rise] = judge(_gate(metric=bpb, max_drop=0.05), {bpb: 1.2 + rise}, ("01-sft", 1.2), paired,
+                               higher=False)
+    assert verdicts[0.03]["verdict"] == "pass" and verdicts[0.03]["reason"].endswith(
+        ": no significant drop beyond max_drop 0.050 (one-sided p=1 >= 0.025 that it is below -0.050; the 95% "
+        "interval's upper bound -0.030 >= -0.050, lower is better: the change turned round)")
+    assert verdicts[0.07]["verdict"] == "fail" and verdicts[0.07]["reason"].startswith(
+        "1.200 (01-sft) -> 1.270: +0.070 [+0.070, +0.070], p<1e-4 (paired t, n=40): a significant drop beyond "
+        "max_drop 0.050 (one-sided p=1.1e-52 < 0.025 that it is below -0.050; the 95% interval's upper bound -0.070 "
+        "< -0.050")
+
+
+def test_a_threshold_no_table_can_reach_is_named_with_its_side():
+    lost = compare([1.0] * 10, [0.0] * 10)  # all 10 lost: still not significantly below -0.9
+    drop = judge(_gate(max_drop=0.9), {M: 0.0}, ("01-sft", 1.0), lost)
+    assert drop["verdict"] == "pass" and drop["reason"] == (
+        "passed; 1.000 (01-sft) -> 0.000: -1.000 [-1.000, -0.311], p=0.0044 (Tango score, +0 / -10, n=10): judged "
+        "nothing (over 10 problems no outcome could be significantly below -0.900)")
+    errors = compare([0.0] * 10, [1.0] * 10)  # a 0/1 metric better lower: all 10 rose, not significantly above +0.9
+    rose = judge(_gate(max_drop=0.9), {M: 1.0}, ("01-sft", 0.0), errors, higher=False)
+    assert rose["reason"].endswith("judged nothing (over 10 problems no outcome could be significantly above +0.900, "
+                                   "lower is better: the change turned round)")
+    one = judge(_gate(test="superior"), {M: 1.0}, ("01-sft", 0.0), compare([0.0], [1.0]))
+    assert one["reason"] == ("0.000 (01-sft) -> 1.000: +1.000 (n=1): cannot judge (1 shared problem: no outcome could "
+                             "be significant)")
+
+
+REASONS = {  # the one sentence each verdict prints (both sides of each test)
+    ("superior", "gained10", None): "passed; 0.520 (01-sft) -> 0.620: +0.100 [+0.042, +0.186], p=0.0044 (Tango score, "
+    "+10 / -0, n=100): a significant gain (one-sided p=0.0022 < 0.025 that it is above +0.000; the 95% interval's "
+    "lower bound +0.042 > +0.000)",
+    ("superior", "gained2", None): "0.520 (01-sft) -> 0.540: +0.020 [-0.035, +0.085], p=0.48 (Tango score, +2 / -0, "
+    "n=100): no significant gain (one-sided p=0.24 >= 0.025 that it is above +0.000; the 95% interval's lower bound "
+    "-0.035 <= +0.000)",
+    ("non_inferior", "lost3", 0.1): "passed; 0.520 (01-sft) -> 0.490: -0.030 [-0.098, +0.026], p=0.25 (Tango score, "
+    "+0 / -3, n=100): shown not worse than max_drop 0.100 (one-sided p=0.023 < 0.025 that it is above -0.100; the "
+    "95% interval's lower bound -0.098 > -0.100)",
+    ("non_inferior", "lost3", 0.02): "0.520 (01-sft) -> 0.490: -0.030 [-0.098, +0.026], p=0.25 (Tango score, +0 / -3, "
+    "n=100): not shown within max_drop 0.020 (one-sided p=0.5 >= 0.025 that it is above -0.020; the 95% interval's "
+    "lower bound -0.098 <= -0.020)",
+    ("no_significant_drop", "lost12", 0.05): "0.520 (01-sft) -> 0.400: -0.120 [-0.210, -0.061], p=0.0015 (Tango "
+    "score, +0 / -12, n=100): a significant drop beyond max_drop 0.050 (one-sided p=0.013 < 0.025 that it is below "
+    "-0.050; the 95% interval's upper bound -0.061 < -0.050)",
+    ("no_significant_drop", "lost3", 0.02): "passed; 0.520 (01-sft) -> 0.490: -0.030 [-0.098, +0.026], p=0.25 (Tango "
+    "score, +0 / -3, n=100): no significant drop beyond max_drop 0.020 (one-sided p=0.5 >= 0.025 that it is below "
+    "-0.020; the 95% interval's upper bound +0.026 >= -0.020)",
+}
+
+
+def test_each_verdict_prints_its_change_its_test_and_the_bound_it_compared(tmp_path):
+    _, p = _changes(tmp_path)
+    for (test, change, max_drop), reason in REASONS.items():
+        verdict = _verdict(test, p[change], max_drop)
+        assert verdict["reason"] == reason and verdict["passed"] == reason.startswith("passed; ")
+        assert verdict["verdict"] == ("pass" if verdict["passed"] else "fail")
+
+
+def test_a_verdict_records_what_it_judged(tmp_path):
+    _, p = _changes(tmp_path)
+    sight = {"detectable": 0.05}
+    verdict = judge(_gate(test="non_inferior", max_drop=0.1, min=0.3, action="warn"), {M: 0.49}, ("01-sft", 0.52),
+                    p["lost3"], True, sight)
+    assert verdict == {"metric": M, "value": 0.49, "min": 0.3, "max_drop": 0.1, "test": "non_inferior",
+                       "previous": {"checkpoint": "01-sft", "value": 0.52}, "paired": p["lost3"],
+                       "higher_is_better": True, "sight": sight, "action": "warn", "passed": True, "verdict": "pass",
+                       "reason": REASONS["non_inferior", "lost3", 0.1]}
+    floor_only = judge(_gate(min=0.3), {M: 0.49}, ("01-sft", 0.52), p["lost12"])  # no max_drop: no comparison
+    assert floor_only["passed"] and floor_only["reason"] == "passed"
+    both = judge(_gate(test="superior", min=0.9, action="warn"), {M: 1.0 - 0.5}, ("01-sft", 0.0),
+                 compare([0.0], [1.0]))  # below its floor, and the change cannot be judged: a failure, not "cannot"
+    assert both["verdict"] == "warn" and both["reason"].startswith("0.5000 < min 0.9000; 0.000 (01-sft) -> 0.500")

@@ -5,13 +5,26 @@ evaluations can give (the one-sided error of the gates' test, the coverage of it
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from scipy import optimize
 from scipy.special import gammaln
 from statsmodels.stats.contingency_tables import mcnemar
 
-from pipeline.evaluation.stats import ALPHA, compare, describe, p_beyond, score_interval, score_p, tango_z
+from pipeline.evaluation.stats import (
+    ALPHA,
+    compare,
+    describe,
+    higher_is_better,
+    p_beyond,
+    problem_scores,
+    score_interval,
+    score_p,
+    significant,
+    tango_z,
+)
 
 MC_ALLOWANCE = 2 * np.sqrt(ALPHA * (1 - ALPHA) / 10_000)  # 2 Monte Carlo SE of 10,000 simulated pairs: 0.31%
 THRESHOLDS = (0.0, -0.01, -0.03, -0.1, 0.05)  # superior's 0; -max_drop of the drop tests; a few more
@@ -136,3 +149,38 @@ def test_the_interval_covers_the_true_change_within_a_band(n):
         assert min(coverages) >= 0.95, (churn, coverages)
         if n * churn >= 15:
             assert max(coverages) <= 0.98, (churn, coverages)
+
+
+def test_per_problem_values_are_read_from_lm_evals_rows():
+    rows = [{"doc_id": 0, "filter": "strict-match", "metrics": ["exact_match"], "exact_match": 1.0, "resps": 3},
+            {"doc_id": 1, "filter": "strict-match", "metrics": ["exact_match"], "exact_match": 0, "target": 2},
+            {"doc_id": 0, "acc": 1.0, "acc_norm": 0.0, "target": 3},  # no metrics list, no filter: every number
+            {"doc_id": 1, "metrics": ["exact_match"], "exact_match": [1, 0]}]  # not one number: none
+    text = "\n".join(json.dumps(r) for r in rows) + "\n\n"
+    assert problem_scores(text) == {"exact_match,strict-match": {0: 1.0, 1: 0.0}, "acc,none": {0: 1.0},
+                                    "acc_norm,none": {0: 0.0}}
+
+
+def test_which_way_is_better_comes_from_lm_evals_record():
+    result = {"higher_is_better": {"t": {"bits_per_byte": False, "exact_match": True}}}
+    assert higher_is_better(result, "t/bits_per_byte,none") is False
+    assert higher_is_better(result, "t/exact_match,strict-match") is True
+    assert higher_is_better(result, "t/acc,none") is True and higher_is_better(result, "u/bits_per_byte,none") is True
+    assert higher_is_better(None, "t/bits_per_byte,none") is True and higher_is_better({}, "t/x,none") is True
+
+
+def test_significant_is_the_two_sided_95_percent_test():
+    assert significant({"p_value": 0.0499}) and not significant({"p_value": 0.05})
+    assert not significant({"p_value": 0.06}) and not significant({"p_value": None})
+
+
+def test_the_printed_change_shows_its_interval_p_test_and_counts():
+    assert describe(compare([0.0] * 50 + [1.0] * 50, [1.0] * 10 + [0.0] * 40 + [1.0] * 48 + [0.0] * 2)) == \
+        "+0.080 [+0.003, +0.170], p=0.043 (Tango score, +10 / -2, n=100)"
+    assert describe(compare([0.1 * i for i in range(10)], [0.1 * i + 0.01 * (i % 3) for i in range(10)])) == \
+        "+0.009 [+0.003, +0.015], p=0.01 (paired t, n=10)"
+    assert describe(compare([0.0] * 300, [1.0] * 100 + [0.0] * 200), digits=2) == \
+        "+0.33 [+0.28, +0.39], p<1e-4 (Tango score, +100 / -0, n=300)"
+    assert describe(compare([0.5] * 4, [0.7] * 4)) == \
+        "+0.200, not testable: every problem moved by the same amount: no noise to test against (n=4)"
+    assert describe(compare([0.5], [0.7])) == "+0.200, not testable: one shared problem (n=1)"

@@ -58,10 +58,10 @@ def _untestable(paired: dict | None, threshold: float, above: bool) -> str | Non
 
 
 def _test(test: str, value: float, previous: tuple[str, float], max_drop: float | None,
-          paired: dict | None, higher: bool = True) -> tuple[str, str]:
-    """(outcome: `pass`, `fail` or `cannot judge`, one-sentence reason) of the gate's `test` on the change from
-    `previous` to `value`; for a metric that is better `higher=False` (bits per byte), the change is judged turned
-    round: a rise is the drop."""
+          paired: dict | None, higher: bool) -> tuple[bool | None, str]:
+    """(passed: True or False, None when the test can tell nothing; one-sentence reason) of the gate's `test` on the
+    change from `previous` to `value`; for a metric that is better `higher=False` (bits per byte), the change is
+    judged turned round: a rise is the drop."""
     threshold = 0.0 if test == "superior" else -max_drop  # in the judged direction (turned round when lower is better)
     wants_above = test != "no_significant_drop"  # the other two pass on a change shown above the threshold
     sign = 1 if higher else -1
@@ -71,8 +71,8 @@ def _test(test: str, value: float, previous: tuple[str, float], max_drop: float 
     untestable = _untestable(paired, sign * threshold, above)
     if untestable:
         if test == "no_significant_drop":
-            return "pass", f"{change}: judged nothing ({untestable}{turned})"
-        return CANNOT, f"{change}: {CANNOT} ({untestable}{turned})"
+            return True, f"{change}: judged nothing ({untestable}{turned})"
+        return None, f"{change}: {CANNOT} ({untestable}{turned})"
     p = stats.p_beyond(paired, sign * threshold, above)
     significant = p < stats.ALPHA
     low, high = (paired["ci_low"], paired["ci_high"]) if higher else (-paired["ci_high"], -paired["ci_low"])
@@ -81,13 +81,11 @@ def _test(test: str, value: float, previous: tuple[str, float], max_drop: float 
     why = (f"one-sided p={p:.2g} {'<' if significant else '>='} {stats.ALPHA} that it is "
            f"{'above' if wants_above else 'below'} {threshold:+.3f}; the 95% interval's {name} bound {bound:+.3f} "
            f"{side} {threshold:+.3f}{turned}")
+    limit = f"max_drop {-threshold:.3f}"
     verdicts = {"superior": ("a significant gain", "no significant gain"),
-                "non_inferior": (f"shown not worse than max_drop {max_drop or 0:.3f}",
-                                 f"not shown within max_drop {max_drop or 0:.3f}"),
-                "no_significant_drop": (f"a significant drop beyond max_drop {max_drop or 0:.3f}",
-                                        f"no significant drop beyond max_drop {max_drop or 0:.3f}")}[test]
-    failed = significant != wants_above
-    return ("fail" if failed else "pass"), f"{change}: {verdicts[not significant]} ({why})"
+                "non_inferior": (f"shown not worse than {limit}", f"not shown within {limit}"),
+                "no_significant_drop": (f"a significant drop beyond {limit}", f"no significant drop beyond {limit}")}
+    return significant == wants_above, f"{change}: {verdicts[test][not significant]} ({why})"
 
 
 def judge(gate: Any, metrics: dict, previous: tuple[str, float] | None, paired: dict | None = None,
@@ -104,16 +102,17 @@ def judge(gate: Any, metrics: dict, previous: tuple[str, float] | None, paired: 
         return None
     value = metrics[gate.metric]
     test = gate.test
-    reasons, notes, outcome = [], [], None
+    reasons, notes, judged = [], [], True
     if gate.min is not None and (value < gate.min if higher else value > gate.min):
         reasons.append(f"{value:.4f} < min {gate.min:.4f}" if higher else
                        f"{value:.4f} > min {gate.min:.4f} (lower is better: the bound is a ceiling)")
     compares = gate.max_drop is not None or test not in NEEDS_MAX_DROP
     if compares and previous is not None:
         outcome, text = _test(test, value, previous, gate.max_drop, paired, higher)
-        (notes if outcome == "pass" else reasons).append(text)
+        judged = outcome is not None
+        (notes if outcome else reasons).append(text)
     passed = not reasons
-    verdict = ("pass" if passed else CANNOT if outcome == CANNOT and len(reasons) == 1 else
+    verdict = ("pass" if passed else CANNOT if not judged and len(reasons) == 1 else
                "fail" if gate.action == "stop" else "warn")
     return {
         "metric": gate.metric, "value": value, "min": gate.min, "max_drop": gate.max_drop, "test": test,

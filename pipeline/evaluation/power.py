@@ -64,10 +64,9 @@ def detectable(n: int, churn: float | None = None, sd: float | None = None) -> f
     if sd is not None:
         return float(TTestPower().solve_power(nobs=n, alpha=ALPHA, power=POWER, alternative="larger")) * sd
     za, zb = norm.ppf(1 - ALPHA), norm.ppf(POWER)
-    psi = min(max(churn, 1 / n), 1.0)  # at least one problem's worth: none observed is not none possible
 
     def short(d: float) -> float:  # how far n d falls short of what the corrected test needs to detect d
-        moved = max(psi, d)  # a change of d moves at least d of the problems
+        moved = max(churn, d)  # a change of d moves at least d of the problems (none observed is not none possible)
         return n * d - CORRECTION - za * math.sqrt(n * moved) - zb * math.sqrt(n * max(moved - d * d, 0.0))
 
     return optimize.brentq(short, 1e-9, 1.0) if short(1.0) > 0 else math.inf

@@ -92,7 +92,7 @@ def compare(a: list[float], b: list[float]) -> dict:
     """The paired change `b - a` of one metric on the same problems: {diff, se (the paired standard error), ci_low,
     ci_high (two-sided 95%), n, p_value (two-sided, against no change), test}, plus {gained, lost} (problems b gets
     right and a does not, and the reverse) for a 0/1 metric, and `cannot_judge` (why no test can tell anything,
-    with p_value None and the interval the point) when none can."""
+    with p_value None; a continuous metric's interval is then the point) when none can."""
     n = len(a)
     d = [y - x for x, y in zip(a, b, strict=True)]
     diff = sum(d) / n
@@ -103,7 +103,7 @@ def compare(a: list[float], b: list[float]) -> dict:
         low, high = score_interval(gained, lost, n)
         out |= {"ci_low": low, "ci_high": high, "p_value": float(2 * norm.sf(abs(tango_z(gained, lost, n, 0.0)))),
                 "test": "Tango score", "gained": gained, "lost": lost}
-        if not (reachable(n, 0.0, above=True) or reachable(n, 0.0, above=False)):
+        if not reachable(n, 0.0, above=True):  # at a change of 0 the test is symmetric: a gain or a drop alike
             return {**out, "p_value": None, "cannot_judge": f"{n} shared problem{'s' * (n != 1)}: no outcome could be "
                                                             "significant"}
         return out
