@@ -412,6 +412,14 @@ def validate(cfg: DictConfig) -> None:
     stages = stage_names(cfg)
     if not cfg.stages:
         raise ConfigError("'stages' is empty: list at least one of " + ", ".join(stages))
+    if cfg.run_name in (".", "..") or Path(cfg.run_name).name != cfg.run_name or "\\" in cfg.run_name:
+        raise ConfigError(f"'run_name' is '{cfg.run_name}': name one folder inside output_root (no '/', not '.' or "
+                          "'..'); output_root says where")
+    for key in ("collective_timeout_s", "prep_timeout_s"):
+        if cfg[key] <= 0:
+            raise ConfigError(f"'{key}' must be > 0 seconds, got {cfg[key]}")
+    if not 0 <= cfg.seed < 2**32:
+        raise ConfigError(f"'seed' must be in [0, 2**32) (what numpy and torch seed with), got {cfg.seed}")
     for name in list(cfg.stages) + list(cfg.redo):
         if name not in stages:
             raise ConfigError(f"unknown stage '{name}'{did_you_mean(name, stages)} (available: {', '.join(stages)}; "
@@ -443,7 +451,8 @@ def validate(cfg: DictConfig) -> None:
         if not kind.mixtures(stage):
             raise ConfigError(f"'{name}' has no data: set '{name}.data' (a Hub dataset or a local file, "
                               f"docs/training.md) or '{name}.mixture' (pipeline/data_mixtures/*.yaml)")
-        for key in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length"):
+        for key in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
+                    "save_steps"):
             if stage[key] <= 0:
                 raise ConfigError(f"'{name}.{key}' must be > 0, got {stage[key]}")
         if stage.max_steps <= 0 and stage.num_train_epochs <= 0:

@@ -45,6 +45,14 @@ CASES = [
     (["eval.tasks=[gsm8k_local_val]", "eval.limit={gsm8k_local_vla: 9}"], "'eval.limit' names task 'gsm8k_local_vla'",
      "did you mean 'gsm8k_local_val'?"),
     (["oops"], "not key=value", ""),
+    (["run_name=/etc"], "'run_name' is '/etc': name one folder inside output_root", "output_root says where"),
+    (["run_name=."], "'run_name' is '.'", ""),
+    (["run_name=.."], "'run_name' is '..'", ""),
+    (["run_name=a/b"], "'run_name' is 'a/b'", ""),
+    (["sft.save_steps=0"], "'sft.save_steps' must be > 0, got 0", ""),
+    (["collective_timeout_s=-5"], "'collective_timeout_s' must be > 0 seconds, got -5", ""),
+    (["prep_timeout_s=-1"], "'prep_timeout_s' must be > 0 seconds, got -1", ""),
+    (["seed=-7"], "'seed' must be in [0, 2**32)", "got -7"),
 ]
 
 
