@@ -71,6 +71,9 @@ def test_smol_plan_offline_lists_stages_sweep_data_and_estimates(tmp_path):
     assert "beta0.025-lr5e-07" in text.stdout
     bad = run_cli(*args, "plan=true", "plan.gpu=B200")
     assert bad.returncode == 2 and bad.stderr.startswith("error: 'plan.gpu' is 'B200'")
+    missing = run_cli(*args, "plan=true", "sft.mixture=", f"sft.data={tmp_path / 'no_such.jsonl'}")
+    assert missing.returncode == 2 and missing.stderr.startswith(
+        f"error: 'sft' reads data {tmp_path / 'no_such.jsonl'}: dataset file not found: {tmp_path / 'no_such.jsonl'}")
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_MODELS))
