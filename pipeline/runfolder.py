@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import keys
+from pipeline.errors import ConfigError
 from pipeline.files import RunLock, fingerprint, write_json, write_text
 
 BASE = "00-base"
@@ -332,9 +333,17 @@ class StageRecord:
     extra: dict = field(default_factory=dict)  # keys this version does not know, kept as they were
 
     @classmethod
-    def read(cls, folder: Path) -> StageRecord:
-        """The record in `folder/stage.json`, its model paths resolved; an empty record when there is none."""
-        raw = copy.deepcopy(recall(Path(folder) / RECORD, json.loads)) or {}
+    def read(cls, folder: Path, strict: bool = False) -> StageRecord:
+        """The record in `folder/stage.json`, its model paths resolved; an empty record when there is none. `strict`
+        (where an empty record would mean training anew, over what is there): a file that cannot be read as a
+        record is a ConfigError naming it and the ways out, never an empty record."""
+        path = Path(folder) / RECORD
+        raw = copy.deepcopy(recall(path, json.loads))
+        if strict and path.exists() and not isinstance(raw, dict):
+            raise ConfigError(f"{path} cannot be read as a stage record (not a JSON object); nothing was retrained "
+                              "or deleted: restore it from a backup, or move it away to train that model again "
+                              "(redo=[<stage>] retrains a stage and every stage after it)")
+        raw = raw if isinstance(raw, dict) else {}
         known = {f.name for f in fields(cls)} - {"extra"}
         root = run_root(folder)
         for key in MODEL_PATHS:

@@ -190,3 +190,20 @@ def test_after_a_sweep_the_next_stage_is_judged_on_the_gate_half_only(chain):
     code, _, _ = chain({"sft": 0.525, "midtrain": 0.75}, f"output_root={run.parent.parent / 'plain'}")
     plain = _record(run.parent.parent / "plain" / "tiny", "02-midtrain")["gate"]  # no sweep: every problem
     assert code == 0 and plain["paired"]["n"] == N and plain["previous"]["value"] == 0.525
+
+
+def test_an_unreadable_record_is_refused_naming_it_and_never_retrained(chain, capsys):
+    code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 0
+    record = run / "stages/01-sft/stage.json"
+    record.write_text("{")  # a truncated record
+    weights = (run / "stages/01-sft/model/model.safetensors").read_bytes()
+    code, _, fake = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 2 and fake.trained == [] and fake.scored == []
+    said = capsys.readouterr().err
+    assert f"error: {record} cannot be read as a stage record" in said and "nothing was retrained" in said
+    assert record.read_text() == "{" and (run / "stages/01-sft/model/model.safetensors").read_bytes() == weights
+    assert _record(run, "02-midtrain")["status"] == "done"  # not marked stale
+    code, _, redone = chain({"sft": 0.5, "midtrain": 0.75}, "redo=[sft]")  # the way out it names
+    assert code == 0 and [name for name, _ in redone.trained] == ["sft", "midtrain"]
+    assert _record(run, "01-sft")["status"] == "done"

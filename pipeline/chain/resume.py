@@ -146,7 +146,8 @@ def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
         fp = keys.key({"inputs": inputs, "config": trains})
         shared = {k: v for k, v in trains.items() if k not in (*PER_CANDIDATE, *swept(cfg[name]))}
         prepared = keys.key({"inputs": inputs, "config": shared})
-        record = StageRecord.read(stage_dir(root, i, name))
+        redone = forced or any(n in cfg.redo for n in cfg.stages[: list(cfg.stages).index(name) + 1])
+        record = StageRecord.read(stage_dir(root, i, name), strict=not redone)  # retrained anyway under a redo
         redo = name in cfg.redo and not (record.redone and record.fingerprint == fp)  # a redo is carried out once
         decision = StageDecision(i, name, stage_dir(root, i, name), fp, upstream,
                                  eval_fingerprint(fp, evaluate.settings(cfg, name), tasks_dir), "", sources, inputs,

@@ -162,7 +162,7 @@ def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, scorer:
     """One grid candidate: reused when finished with the same fingerprint, resumed when interrupted with it, else
     trained from scratch (or re-scored)."""
     cctx, fp = ctx.for_candidate(cand), candidate_fingerprint(ctx, inputs, cand)
-    record = StageRecord.read(cctx.out_dir)
+    record = StageRecord.read(cctx.out_dir, strict=True)
     if finished(record, cctx.out_dir, fp) and scored(record, cctx.out_dir, scorer):
         log.info("candidate %s: reusing", cand["id"])
         drop_work(cctx.out_dir)  # left when a kill came between its record and the removal
