@@ -2,8 +2,10 @@
 replaced by `REDACTED` in everything the run writes, and their values are scrubbed from log lines.
 
 A key names a secret when one of its words (split at `_`, `-`, `.` and camelCase) is `secret(s)`, `password`,
-`passwd`, `passphrase`, `credential(s)` or `apikey`, or a pair of them is `api key` / `access key` / `private key`
-/ `auth key`, or its last word is `token` after anything but a tokenizer's special-token name (`hub_token`,
+`passwd`, `passphrase`, `credential(s)`, `apikey` or `bearer`, or a pair of them is `api key` / `access key` /
+`private key` / `auth key`, or it ends in `auth` (`hf_auth`) or in `key` after a service's or a key's kind
+(`KEY_OWNERS`: `wandb_key`, `ssh_key`), or its last word is `token` after anything but a tokenizer's special-token
+name (`hub_token`,
 `hf_token`, `token`, `access_token` are secrets; `eos_token`, `pad_token`, `max_new_tokens`, `tokenizer` are not).
 The real values stay in memory: the trainers get them (`protect` keeps them out of pickles such as Trainer's
 `training_args.bin`). Redacting a config without secrets returns it unchanged, so fingerprints of ordinary configs
@@ -17,8 +19,10 @@ import re
 from typing import Any
 
 REDACTED = "<redacted>"
-SECRET_WORDS = {"secret", "secrets", "password", "passwd", "passphrase", "credential", "credentials", "apikey"}
+SECRET_WORDS = {"secret", "secrets", "password", "passwd", "passphrase", "credential", "credentials", "apikey",
+                "bearer"}
 SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("auth", "key")}
+KEY_OWNERS = {"wandb", "ssh", "hf", "hub", "openai", "comet", "neptune", "signing", "encryption"}  # `<owner>_key`
 # tokenizer fields that name a special token, not a credential (eos_token, pad_token, ...)
 SPECIAL_TOKENS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "start", "end", "stop", "image", "audio",
                   "video", "special", "chat", "think"}
@@ -38,6 +42,8 @@ def is_secret(key: Any) -> bool:
         return False
     if SECRET_WORDS & set(words) or SECRET_PAIRS & set(zip(words, words[1:], strict=False)):
         return True
+    if len(words) > 1 and (words[-1] == "auth" or words[-1] == "key" and words[-2] in KEY_OWNERS):
+        return True  # hf_auth, basic_auth; wandb_key, ssh_key
     return words[-1] == "token" and (len(words) == 1 or words[-2] not in SPECIAL_TOKENS)
 
 

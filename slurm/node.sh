@@ -24,6 +24,10 @@ else
   if [ "$total" -gt 1 ]; then cmd+=(--multi_gpu); fi
 fi
 cmd+=(-- "$@")
+# the command as run, each secret-keyed value (sft.hub_token=...) redacted (pipeline/redact.py): job logs are read
+# by others, and keep it after the job
+shown=$(python -c 'import sys; from pipeline.redact import argv; print(" ".join(argv(sys.argv[1:])))' "${cmd[@]}") \
+  || shown="${cmd[0]} (arguments not shown: pipeline.redact did not load)"
 echo "slurm: node $rank of $nodes: $per_node process(es), $gpus GPU(s), config ${ACCELERATE_CONFIG:-DDP}:" \
-  "${cmd[*]}" >&2
+  "$shown" >&2
 exec "${cmd[@]}"

@@ -12,14 +12,15 @@ from pipeline import redact
 
 
 @pytest.mark.parametrize("key", ["hub_token", "token", "HF_TOKEN", "sft.trainer.hub_token", "access_token", "apiKey",
-                                 "api_key", "wandb_api_key", "client_secret", "password", "db_passwd", "private_key"])
+                                 "api_key", "wandb_api_key", "client_secret", "password", "db_passwd", "private_key",
+                                 "wandb_key", "hf_auth", "bearer", "ssh_key", "auth_bearer", "HF_AUTH"])
 def test_keys_that_name_a_secret(key):
     assert redact.is_secret(key)
 
 
 @pytest.mark.parametrize("key", ["eos_token", "pad_token", "max_new_tokens", "tokenizer", "tokens", "max_gen_toks",
                                  "average_tokens_across_devices", "include_num_input_tokens_seen", "key",
-                                 "chat_template", "hub_model_id", "push_to_hub"])
+                                 "chat_template", "hub_model_id", "push_to_hub", "sort_key", "auth", "metric_key"])
 def test_keys_that_do_not(key):
     assert not redact.is_secret(key)
 

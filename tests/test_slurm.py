@@ -50,11 +50,15 @@ def test_pipeline_sbatch_runs_the_tiny_recipe_on_two_processes(slurm, tiny_base,
     print(f"slurm pipeline.sbatch: {time.time() - t0:.1f} s")
 
 
-def test_a_job_exits_with_the_pipelines_own_code(slurm, tmp_path):
+def test_a_job_exits_with_the_pipelines_own_code_and_its_log_holds_no_secret(slurm, tmp_path):
+    planted = "hf_planted0secret0value"
     proc = sk.run(slurm, "timeout", "300", "sbatch", "--wait", *sk.resources(tmp_path), "slurm/pipeline.sbatch",
-                  "recipe=tiny", "sft.learnin_rate=3e-4", timeout=320)
-    assert proc.returncode == 2, proc.stderr + sk.logs(tmp_path)[-4000:]  # `accelerate launch` would say 1
-    assert "error: unknown config key 'sft.learnin_rate'" in sk.logs(tmp_path)
+                  "recipe=tiny", "sft.learnin_rate=3e-4", f"sft.hub_token={planted}", timeout=320)
+    logs = sk.logs(tmp_path)
+    assert proc.returncode == 2, proc.stderr + logs[-4000:]  # `accelerate launch` would say 1
+    assert "error: unknown config key 'sft.learnin_rate'" in logs
+    assert "-- recipe=tiny sft.learnin_rate=3e-4 sft.hub_token=<redacted>\n" in logs
+    assert planted not in logs and planted not in "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
 
 
 @pytest.mark.slow
