@@ -259,3 +259,14 @@ def test_a_verdict_records_what_it_judged(tmp_path):
     both = judge(_gate(test="superior", min=0.9, action="warn"), {M: 1.0 - 0.5}, ("01-sft", 0.0),
                  compare([0.0], [1.0]))  # below its floor, and the change cannot be judged: a failure, not "cannot"
     assert both["verdict"] == "warn" and both["reason"].startswith("0.5000 < min 0.9000; 0.000 (01-sft) -> 0.500")
+
+
+def test_a_floor_is_met_at_the_floor_and_a_gain_on_a_metric_better_lower_is_a_fall():
+    assert judge(_gate(min=0.3), {M: 0.3}, None)["passed"]
+    bpb = "t/bits_per_byte,none"
+    assert judge(_gate(metric=bpb, min=1.2), {bpb: 1.2}, None, higher=False)["passed"]
+    before = [1.0 + 0.01 * i for i in range(40)]
+    fell = compare(before, [v - 0.2 + 0.001 * (-1) ** i for i, v in enumerate(before)])
+    gain = judge(_gate(metric=bpb, test="superior"), {bpb: 1.0}, ("01-sft", 1.2), fell, higher=False)
+    assert gain["passed"] and gain["reason"].endswith(
+        "the 95% interval's lower bound +0.200 > +0.000, lower is better: the change turned round)")

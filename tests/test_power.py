@@ -176,6 +176,8 @@ def test_the_problems_a_gate_judges_are_known_from_the_task_and_the_limit():
     staged = load_config(["recipe=smollm2", "eval.limit=400", "sft.eval.limit=120"])
     assert power.before_run(staged, "sft")["n"] == 120 and power.before_run(staged, "dpo")["n"] == 200
     assert power.before_run(load_config(["recipe=smollm2", "sft.gate.metric="]), "sft") is None
+    odd = load_config(["recipe=smollm2", "sft.gate.metric=gsm8k_local_val/exact_match,take/first"])
+    assert power.before_run(odd, "sft")["n"] == 500  # the task is what comes before the first '/'
 
 
 def test_a_floor_or_an_allowed_drop_outside_the_metrics_range_is_impossible():
@@ -192,6 +194,6 @@ def test_a_floor_or_an_allowed_drop_outside_the_metrics_range_is_impossible():
     assert why("bits_per_byte,none", max_drop=-1.0) == \
         "max_drop -1 is not a drop bits_per_byte can make (a continuous metric in [0, inf])"
     assert why("acc,none", min=0.0, max_drop=1.0) is None and why("acc,none", min=1.0, max_drop=0.0) is None
-    assert why("loglik,none", min=-5.0) is None  # a range not known: any floor
+    assert why("loglik,none", min=-5.0) is None and why("loglik,none", max_drop=3.0) is None  # a range not known
     assert why("loglik,none", max_drop=-3.0) == \
         "max_drop -3 is not a drop loglik can make (a continuous metric in [-inf, inf])"

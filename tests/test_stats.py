@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import optimize
 from scipy.special import gammaln
+from scipy.stats import ttest_1samp
 from statsmodels.stats.contingency_tables import mcnemar
 
 from pipeline.evaluation.stats import (
@@ -20,6 +21,7 @@ from pipeline.evaluation.stats import (
     higher_is_better,
     p_beyond,
     problem_scores,
+    reachable,
     score_interval,
     score_p,
     significant,
@@ -184,3 +186,41 @@ def test_the_printed_change_shows_its_interval_p_test_and_counts():
     assert describe(compare([0.5] * 4, [0.7] * 4)) == \
         "+0.200, not testable: every problem moved by the same amount: no noise to test against (n=4)"
     assert describe(compare([0.5], [0.7])) == "+0.200, not testable: one shared problem (n=1)"
+
+
+def test_the_task_is_up_to_the_first_slash_and_the_metric_up_to_the_first_comma():
+    from pipeline.evaluation import power
+
+    metric = "t/exact_match,take/first,v2"  # a filter name may hold either
+    assert power.measure(metric) == "exact_match" and power.binary(metric)
+    assert higher_is_better({"higher_is_better": {"t": {"exact_match": False}}}, metric) is False
+
+
+def test_a_threshold_is_reachable_exactly_when_some_table_is_significant_beyond_it():
+    g, lo, n = _all_tables(30)
+    for threshold in (-0.9, -0.6, -0.31, 0.0, 0.2, 0.5):
+        for above in (True, False):
+            p = score_p(g, lo, n, threshold, above)
+            for size in range(1, 31):
+                assert reachable(size, threshold, above) == bool((p[n == size] < ALPHA).any()), (size, threshold)
+
+
+def test_compare_takes_pairs_and_needs_two_problems_for_a_standard_error():
+    with pytest.raises(ValueError):
+        compare([0.0, 1.0], [1.0])
+    two = compare([1.0, 2.0], [1.5, 2.7])
+    assert two["se"] == pytest.approx(0.1) and two["p_value"] is not None and two["test"] == "paired t"
+    alike = compare([1.0, 2.0], [1.5, 2.5])
+    assert alike["cannot_judge"].startswith("every problem moved by the same amount")
+    assert (alike["ci_low"], alike["ci_high"]) == (0.5, 0.5)
+
+
+def test_the_one_sided_p_of_a_continuous_change_is_the_one_sample_t_of_its_differences():
+    a = [0.1 * i for i in range(12)]
+    b = [x + 0.05 + 0.02 * ((-1) ** i) + 0.01 * (i % 3) for i, x in enumerate(a)]
+    d = np.array(b) - np.array(a)
+    paired = compare(a, b)
+    for threshold in (0.0, 0.05, 0.1):
+        for above, side in ((True, "greater"), (False, "less")):
+            expected = ttest_1samp(d - threshold, 0.0, alternative=side).pvalue
+            assert p_beyond(paired, threshold, above) == pytest.approx(expected)

@@ -26,7 +26,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
 from scipy import optimize
 from scipy.stats import norm
 from statsmodels.stats.power import TTestPower
@@ -122,8 +121,7 @@ def before_run(cfg: Any, name: str) -> dict | None:
     gate = cfg[name].gate
     if not gate.metric:
         return None
-    limit = cfg[name].eval.limit if cfg[name].eval.limit is not None else cfg.eval.limit
-    limit = OmegaConf.to_container(limit) if isinstance(limit, DictConfig) else limit
+    limit = cfg[name].eval.limit if cfg[name].eval.limit is not None else cfg.eval.limit  # a mapping is one
     n = problem_count(cfg, {"limit": limit}, gate.metric.partition("/")[0])
     return planned(gate, n, halved=bool(sweeps(cfg[name])))
 

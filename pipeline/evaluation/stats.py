@@ -83,7 +83,7 @@ def half_mean(eval_dir: Path, metric: str, half: str) -> tuple[float, int] | Non
 def paired_difference(a_dir: Path, b_dir: Path, metric: str, half: str | None = None) -> dict | None:
     """`b - a` on the problems both eval folders scored (only `half` of them when given) as `compare` gives it;
     None when they share no problem for `metric`."""
-    a, b = per_problem(a_dir, metric, half), per_problem(b_dir, metric, half)
+    a, b = per_problem(a_dir, metric, half), per_problem(b_dir, metric)  # the problems of `half` that b scored too
     shared = sorted(set(a) & set(b))
     return compare([a[i] for i in shared], [b[i] for i in shared]) if shared else None
 
@@ -186,6 +186,5 @@ def describe(paired: dict, digits: int = 3) -> str:
     if p is None:
         where = f"{counts[2:]}, n={paired['n']}" if counts else f"n={paired['n']}"
         return f"{paired['diff']:+.{digits}f}, not testable: {paired.get('cannot_judge')} ({where})"
-    test = paired.get("test", "paired")
     return (f"{paired['diff']:+.{digits}f} [{paired['ci_low']:+.{digits}f}, {paired['ci_high']:+.{digits}f}], "
-            f"{f'p={p:.2g}' if p >= 1e-4 else 'p<1e-4'} ({test}{counts}, n={paired['n']})")
+            f"{f'p={p:.2g}' if p >= 1e-4 else 'p<1e-4'} ({paired['test']}{counts}, n={paired['n']})")
