@@ -153,7 +153,7 @@ def test_a_push_without_a_hub_login_exits_2_in_the_preflight(tmp_path, monkeypat
     cfg = load_config(["recipe=tiny", *FAST, f"output_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}",
                        f"push_to_hub={REPO}"])
     with pytest.raises(ConfigError) as err:  # the one-pass check before any model loads
-        preflight.check(cfg, tmp_path / "tiny", write_tasks(cfg, tmp_path / "tasks"))
+        preflight.check(cfg, tmp_path / "tiny", write_tasks(cfg, tmp_path / "tasks"), 1)
     assert err.value.code == BAD_INPUT and str(err.value) == (
         f"push_to_hub={REPO} needs a Hub login, and there is none: run `hf auth login` or set HF_TOKEN (a token that "
         "can write to it)")

@@ -207,3 +207,18 @@ def test_an_unreadable_record_is_refused_naming_it_and_never_retrained(chain, ca
     code, _, redone = chain({"sft": 0.5, "midtrain": 0.75}, "redo=[sft]")  # the way out it names
     assert code == 0 and [name for name, _ in redone.trained] == ["sft", "midtrain"]
     assert _record(run, "01-sft")["status"] == "done"
+
+
+def test_a_resume_on_another_world_size_is_refused_naming_both(chain, capsys):
+    code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 0
+    record = StageRecord.read(run / "stages/01-sft")
+    record.status, record.world_size = "running", 2  # interrupted while training on 2 processes
+    record.write(run / "stages/01-sft")
+    code, _, fake = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 2 and fake.trained == []
+    said = capsys.readouterr().err
+    assert ("error: stage 01-sft was interrupted at world size 2 and this run has 1: resuming it would change its "
+            "global batch from 12 to 6 rows a step; run it again on 2 process(es), or add redo=[sft]") in said
+    code, _, redone = chain({"sft": 0.5, "midtrain": 0.75}, "redo=[sft]")
+    assert code == 0 and [name for name, _ in redone.trained] == ["sft", "midtrain"]

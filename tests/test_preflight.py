@@ -14,7 +14,7 @@ from pipeline.evaluation.lmeval import write_tasks
 def _check(tmp_path, *overrides: str):
     cfg = load_config(["recipe=tiny", *FAST, f"output_root={tmp_path / 'runs'}", f"cache_dir={tmp_path / 'cache'}",
                        *overrides])
-    return preflight.check(cfg, tmp_path / "runs" / "tiny", write_tasks(cfg, tmp_path / "tasks"))
+    return preflight.check(cfg, tmp_path / "runs" / "tiny", write_tasks(cfg, tmp_path / "tasks"), 1)
 
 
 def test_a_sound_config_gives_the_stage_decisions(tmp_path):

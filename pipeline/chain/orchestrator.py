@@ -279,7 +279,8 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
             tidy(run.root)
             evaluate.write_tasks(cfg, run.tasks_dir)
     keys.use_pins(main_value(revisions.pin(cfg, run.paths.hub_revisions) if run.main else None))
-    run.decisions = ranks.same_decisions(ranks.collectively(preflight.check, cfg, run.root, run.tasks_dir))
+    checked = ranks.collectively(preflight.check, cfg, run.root, run.tasks_dir, run.world_size)
+    run.decisions = ranks.same_decisions(checked)
     if one := swept_candidate(cfg):  # a single sweep candidate: nothing after its stage
         run.decisions = run.decisions[: [d.name for d in run.decisions].index(one[0]) + 1]
     with main_writes() as main:

@@ -45,9 +45,9 @@ log = logging.getLogger("pipeline")
 FAILED = object()  # what a check that found a problem returns
 
 
-def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
-    """Run every check (the eval tasks already written to `tasks_dir`); return the stage decisions, or raise one
-    ConfigError naming every problem."""
+def check(cfg: DictConfig, root: Path, tasks_dir: Path, world_size: int) -> list[StageDecision]:
+    """Run every check (the eval tasks already written to `tasks_dir`); return the stage decisions (on `world_size`
+    ranks), or raise one ConfigError naming every problem."""
     problems: list[str] = []
 
     def attempt(check: Callable, *args: object) -> object:
@@ -64,7 +64,7 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path) -> list[StageDecision]:
     if attempt(check_model_path, cfg) is not FAILED:  # the chat template is read from that model's tokenizer
         attempt(chat_template, cfg, {} if rows is FAILED else rows)
         attempt(lora_targets, cfg)
-    decisions = attempt(decide, cfg, root)
+    decisions = attempt(decide, cfg, root, world_size)
     attempt(eval_tasks, cfg, tasks_dir)
     attempt(gate_metrics, cfg, tasks_dir)
     if len(problems) == 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -120,6 +121,18 @@ def _refuse_changed(decision: StageDecision, record: StageRecord, config: dict, 
                        "use a new run_name")
 
 
+def refuse_other_world(where: str, name: str, record: StageRecord, world_size: int | None, stage: Any) -> None:
+    """Refuse (ConfigError) resuming the interrupted attempt `record` of `where` (stage `name`'s settings `stage`)
+    on `world_size` ranks when it trained on another number: its global batch would change under it."""
+    if world_size is None or record.world_size in (None, world_size):
+        return
+    rows = stage.per_device_train_batch_size * stage.gradient_accumulation_steps
+    raise ConfigError(f"{where} was interrupted at world size {record.world_size} and this run has {world_size}: "
+                      f"resuming it would change its global batch from {rows * record.world_size} to "
+                      f"{rows * world_size} rows a step; run it again on {record.world_size} process(es), or add "
+                      f"redo=[{name}] to train it anew on {world_size}")
+
+
 def _action(decision: StageDecision, record: StageRecord, forced: bool, config: dict, schema: type) -> str:
     """`decision.redo`: the user asks to retrain this stage; `forced`: an earlier stage trains in this run."""
     if decision.redo or forced:
@@ -134,8 +147,9 @@ def _action(decision: StageDecision, record: StageRecord, forced: bool, config: 
     return "train"
 
 
-def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
-    """Per enabled stage: reuse, re-evaluate, resume or train; refuse changed finished stages."""
+def decide(cfg: DictConfig, root: Path, world_size: int | None = None) -> list[StageDecision]:
+    """Per enabled stage: reuse, re-evaluate, resume or train; refuse changed finished stages, and a resume on
+    another `world_size` than the interrupted attempt's (when given)."""
     upstream, forced, out = base_fingerprint(cfg), False, []
     tasks_dir = RunPaths(root).eval_tasks
     for i, name in enumerate([n for n in cfg.stages if cfg[n].enabled], 1):
@@ -153,6 +167,8 @@ def decide(cfg: DictConfig, root: Path) -> list[StageDecision]:
                                  eval_fingerprint(fp, evaluate.settings(cfg, name), tasks_dir), "", sources, inputs,
                                  redo, prepared, grid(cfg[name]) if sweeps(cfg[name]) else [])
         decision.action = _action(decision, record, forced, config, schema)
+        if decision.action == "resume":
+            refuse_other_world(f"stage {decision.dir.name}", name, record, world_size, cfg[name])
         forced = forced or decision.action in ("train", "resume")
         out.append(decision)
         upstream = fp

@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 
 from pipeline import keys, redact
 from pipeline.chain import merge
+from pipeline.chain.resume import refuse_other_world
 from pipeline.config import ConfigError, stage_section, swept, training_view
 from pipeline.evaluation import stats
 from pipeline.files import atomic_dir
@@ -49,7 +50,7 @@ from pipeline.runfolder import (
     stored_path,
 )
 from pipeline.train import preempt
-from pipeline.train.distributed import is_main, main_value, main_writes
+from pipeline.train.distributed import is_main, main_value, main_writes, world_size
 
 log = logging.getLogger("pipeline")
 EARLIER = "the earlier candidate (grid order, then soup, then merge)"
@@ -170,8 +171,12 @@ def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, scorer:
     if not finished(record, cctx.out_dir, fp):
         if not (record.fingerprint == fp and record.status == "running"):
             _clear(cctx.out_dir)  # an attempt with other settings or inputs: its checkpoints must not resume
+        else:
+            refuse_other_world(f"candidate {cand['id']} of {ctx.stage_dir.name}", ctx.name, record, world_size(),
+                               cctx.stage)
         config = OmegaConf.to_container(cctx.stage, resolve=True)
         record = StageRecord(stage=ctx.name, candidate=cand["id"], fingerprint=fp, status="running",
+                             world_size=world_size(),
                              config=redact.config({k: v for k, v in config.items() if k not in NOT_TRAINING}))
         record.write(cctx.out_dir)
         record.metrics, record.status = train(cctx), "trained"
