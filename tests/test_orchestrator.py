@@ -222,3 +222,17 @@ def test_a_resume_on_another_world_size_is_refused_naming_both(chain, capsys):
             "global batch from 12 to 6 rows a step; run it again on 2 process(es), or add redo=[sft]") in said
     code, _, redone = chain({"sft": 0.5, "midtrain": 0.75}, "redo=[sft]")
     assert code == 0 and [name for name, _ in redone.trained] == ["sft", "midtrain"]
+
+
+def test_an_unreadable_score_cache_entry_is_scored_anew_with_a_warning(chain):
+    code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 0
+    entries = sorted((run.parent.parent / "cache" / "scores").glob("*/result.json"))
+    assert len(entries) == 3  # the base, sft, midtrain
+    for entry in entries:
+        entry.write_text('{"samples": ')  # a node crashed while the disk held half of it
+    code, _, again = chain({"sft": 0.5, "midtrain": 0.75}, f"output_root={run.parent.parent / 'other'}")
+    assert code == 0 and len(again.scored) == 3  # each scored anew, none crashed the run
+    log = (run.parent.parent / "other" / "tiny" / "pipeline.log").read_text()
+    assert log.count("cannot be read (") == 3 and "scoring anew" in log
+    assert all(json.loads(entry.read_text())["samples"] for entry in entries)  # replaced by what was scored

@@ -56,22 +56,27 @@ def score_key(model: str | Path, ev: dict, tasks_dir: Path, model_cfg: Any) -> t
     return keys.key({"model": digest, "loader": loader, **lmeval.scoring_inputs(ev, tasks_dir)}), digest
 
 
-def _kept(entry: Path, digest: str) -> dict | None:
-    """The result kept in `entry` when it is there, readable and of the model with `digest`; else None (a bad or
-    mismatched entry is logged: the model is scored anew)."""
+def _load(entry: Path, digest: str) -> tuple[dict | None, str | None]:
+    """(the result kept in `entry` with its samples' texts, None) when it is there, readable and of the model with
+    `digest`; else (None, why it cannot be used; None when there is no entry)."""
     if not (entry / RESULT).is_file():
-        return None
+        return None, None
     try:
         result = json.loads((entry / RESULT).read_text())
         texts = {task: samples_file(entry, task).read_text() for task in result["samples"]}
     except (OSError, ValueError, KeyError, TypeError) as err:
-        log.warning("kept scores %s cannot be read (%s): scoring anew", entry, err)
-        return None
+        return None, f"cannot be read ({err})"
     if result.get("model_digest") != digest:
-        log.warning("kept scores %s are of another model (digest %s, this one's %s): scoring anew", entry,
-                    result.get("model_digest"), digest)
-        return None
-    return {**result, "texts": texts}
+        return None, f"are of another model (digest {result.get('model_digest')}, this one's {digest})"
+    return {**result, "texts": texts}, None
+
+
+def _kept(entry: Path, digest: str) -> dict | None:
+    """The result kept in `entry` (`_load`); a bad or mismatched entry is logged: the model is scored anew."""
+    kept, why = _load(entry, digest)
+    if why:
+        log.warning("kept scores %s %s: scoring anew", entry, why)
+    return kept
 
 
 def run_eval(model: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, cfg: DictConfig) -> dict:
@@ -99,6 +104,6 @@ def _keep(entry: Path, result: dict, out_dir: Path) -> None:
     for task in result["samples"]:
         shutil.copyfile(samples_file(out_dir, task), samples_file(aside, task))
     write_text(aside / RESULT, json.dumps(result, default=str))
-    if entry.is_dir() and _kept(entry, result["model_digest"]) is None:
+    if entry.is_dir() and _load(entry, result["model_digest"])[0] is None:
         shutil.rmtree(entry, ignore_errors=True)  # unreadable or another model's: what this process scored replaces it
     publish_dir(aside, entry)  # another process that kept the same scores first wins
