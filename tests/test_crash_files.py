@@ -35,14 +35,15 @@ def _checkpoint(work: Path, step: int, marked: bool = True) -> Path:
     return folder
 
 
-def test_an_unmarked_newest_checkpoint_is_skipped_for_the_marked_one_before(tmp_path, caplog):
+def test_an_unmarked_newest_checkpoint_is_set_aside_for_the_marked_one_before(tmp_path, caplog):
     work = tmp_path / "work"
     _checkpoint(work, 10)
     _checkpoint(work, 20, marked=False)  # killed after its trainer_state.json, before the marker
     with caplog.at_level(logging.WARNING, "pipeline"):
         assert last_complete_checkpoint(work) == str(work / "checkpoint-10")
-    assert not (work / "checkpoint-20").exists()  # removed: no rotation can keep it in place of a complete one
-    assert "dropping incomplete checkpoint" in caplog.text and "no completion marker" in caplog.text
+    assert sorted(p.name for p in work.iterdir()) == ["checkpoint-10", "incomplete-checkpoint-20"]  # kept, aside
+    assert "setting aside checkpoint" in caplog.text and "no completion marker, and model.safetensors cannot be " \
+        "read" in caplog.text and "as incomplete-checkpoint-20; resuming from the one before" in caplog.text
     marker = json.loads((work / "checkpoint-10" / COMPLETE).read_text())
     assert marker == {"step": 10, "files": {"model.safetensors": 110, "optimizer.pt": 50,
                                             "trainer_state.json": len(json.dumps({"global_step": 10}))}}
@@ -56,10 +57,44 @@ def test_a_marked_checkpoint_with_a_missing_or_cut_weight_file_falls_back_with_a
     with caplog.at_level(logging.WARNING, "pipeline"):
         assert last_complete_checkpoint(work) == str(work / "checkpoint-5")
     assert "model.safetensors is missing" in caplog.text and "model.safetensors has 7 bytes, 110" in caplog.text
-    assert "falling back to the one before" in caplog.text
-    assert sorted(p.name for p in work.iterdir()) == ["checkpoint-5"]
-    (work / "checkpoint-5" / COMPLETE).unlink()
+    assert sorted(p.name for p in work.iterdir()) == ["checkpoint-5", "incomplete-checkpoint-10",
+                                                      "incomplete-checkpoint-15"]
+    (work / "checkpoint-5" / COMPLETE).unlink()  # and its files are no checkpoint when read: set aside too
     assert last_complete_checkpoint(work) is None and last_complete_checkpoint(tmp_path / "none") is None
+    _checkpoint(work, 15)  # a third attempt at step 15 that failed again: a second copy aside
+    (work / "checkpoint-15" / COMPLETE).write_text("{")  # its marker damaged, and its files not whole
+    assert last_complete_checkpoint(work) is None and (work / "incomplete-checkpoint-15-2").is_dir()
+
+
+def _real_checkpoint(work: Path, step: int) -> Path:
+    """A checkpoint as a Trainer of a version without markers saved it: real safetensors and torch files."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = work / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    save_file({"w": torch.ones(4, 4)}, str(folder / "model.safetensors"))
+    torch.save({"state": {0: {"exp_avg": torch.zeros(4)}}}, folder / "optimizer.pt")
+    torch.save({"last_epoch": step}, folder / "scheduler.pt")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def test_a_checkpoint_saved_before_markers_is_resumed_when_its_files_read_whole(tmp_path, caplog):
+    work = tmp_path / "work"
+    _real_checkpoint(work, 10)
+    assert last_complete_checkpoint(work) == str(work / "checkpoint-10")  # an upgrade resumes, not step 0
+    cut = _real_checkpoint(work, 20) / "optimizer.pt"
+    cut.write_bytes(cut.read_bytes()[:-30])
+    (_real_checkpoint(work, 30) / "scheduler.pt").unlink()
+    (_real_checkpoint(work, 40) / "trainer_state.json").write_text(json.dumps({"global_step": 39}))
+    with caplog.at_level(logging.WARNING, "pipeline"):
+        assert last_complete_checkpoint(work) == str(work / "checkpoint-10")
+    assert "no trainer_state.json of step 40: cut short" in caplog.text
+    assert "scheduler.pt is missing beside optimizer.pt" in caplog.text
+    assert "optimizer.pt cannot be read (File is not a zip file)" in caplog.text
+    assert sorted(p.name for p in work.iterdir()) == ["checkpoint-10", "incomplete-checkpoint-20",
+                                                      "incomplete-checkpoint-30", "incomplete-checkpoint-40"]
 
 
 def test_the_marker_callback_marks_each_save_and_rotates_only_after_marking(tmp_path):

@@ -95,7 +95,7 @@ def test_sigterm_saves_and_exits_75_then_resumes(tmp_path, cache_dir):
     assert done["status"] == "done" and done["metrics"]["resumed_from"] == str(saved[-1])
 
 
-def test_a_checkpoint_cut_short_is_dropped_and_the_one_before_is_used(tmp_path, cache_dir):
+def test_a_checkpoint_cut_short_is_set_aside_and_the_one_before_is_used(tmp_path, cache_dir):
     args = _args(tmp_path, cache_dir)
     proc = _start(args)
     work = tmp_path / "tiny/stages/01-sft/work"
@@ -105,7 +105,7 @@ def test_a_checkpoint_cut_short_is_dropped_and_the_one_before_is_used(tmp_path, 
     (work / "checkpoint-20/trainer_state.json").write_text('{"log_history": [')  # corrupt after it was marked
     again = run_cli(*args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "dropping incomplete checkpoint" in again.stderr and "trainer_state.json has 17 bytes" in again.stderr
+    assert "setting aside checkpoint" in again.stderr and "trainer_state.json has 17 bytes" in again.stderr
     record = json.loads((tmp_path / "tiny/stages/01-sft/stage.json").read_text())
     assert record["metrics"]["resumed_from"].endswith("checkpoint-10")
 

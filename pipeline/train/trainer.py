@@ -15,6 +15,7 @@ import logging
 import shutil
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -223,20 +224,50 @@ def mark_checkpoint(folder: Path, step: int) -> None:
 
 
 def checkpoint_problem(path: Path) -> str | None:
-    """Why the Trainer checkpoint `path` cannot be resumed from (None: it is complete): no marker, or a file the
-    marker lists missing or of another size, or a trainer_state.json that does not parse."""
+    """Why the Trainer checkpoint `path` cannot be resumed from (None: it is complete): a file its marker lists
+    missing or of another size, or a trainer_state.json that does not parse. Without a readable marker (cut short
+    before it, saved by a version that wrote none, or the marker itself damaged) the files are read instead
+    (`_unproven`)."""
     marker = read_json(path / COMPLETE)
-    if marker is None:
-        return "no completion marker: cut short, or saved by an older version"
-    for name, size in (marker.get("files") or {}).items():
+    if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict):
+        return _unproven(path)
+    for name, size in marker["files"].items():
         try:
             actual = (path / name).stat().st_size
-        except OSError:
+        except FileNotFoundError:
             return f"{name} is missing"
+        except OSError as err:
+            return f"{name} cannot be read ({err.strerror})"
         if actual != size:
             return f"{name} has {actual} bytes, {size} when saved"
     if read_json(path / "trainer_state.json") is None:
         return "its trainer_state.json does not parse"
+    return None
+
+
+def _unproven(path: Path) -> str | None:
+    """Why the checkpoint `path`, which has no readable marker, is not whole when its files are read: the Trainer
+    writes trainer_state.json last, so it must parse and name this step; every safetensors file's header must
+    parse and its tensors fit the file, every torch file be a whole zip archive; an optimizer needs its scheduler
+    beside it (the Trainer loads both or neither). None: it is whole."""
+    from safetensors import safe_open
+
+    state = read_json(path / "trainer_state.json")
+    step = path.name.rpartition("-")[2]
+    if not isinstance(state, dict) or str(state.get("global_step")) != step:
+        return f"no completion marker, and no trainer_state.json of step {step}: cut short"
+    for file in sorted(f for f in path.rglob("*") if f.is_file()):
+        try:
+            if file.suffix == ".safetensors":
+                with safe_open(str(file), "pt"):
+                    pass
+            elif file.suffix in (".pt", ".pth", ".bin"):
+                with zipfile.ZipFile(file):
+                    pass
+        except Exception as err:  # noqa: BLE001 - each reader has its own errors: the file is not whole
+            return f"no completion marker, and {file.relative_to(path)} cannot be read ({err})"
+    if (path / "optimizer.pt").is_file() and not (path / "scheduler.pt").is_file():
+        return "no completion marker, and scheduler.pt is missing beside optimizer.pt"
     return None
 
 
@@ -245,16 +276,22 @@ def _checkpoints(work_dir: Path) -> list[tuple[int, Path]]:
 
 
 def last_complete_checkpoint(work_dir: Path) -> str | None:
-    """The newest `checkpoint-N` that is complete (`checkpoint_problem`); each newer one is removed with a
-    warning, so training resumes from the one before it and no rotation keeps a broken one."""
+    """The newest `checkpoint-N` that is complete (`checkpoint_problem`); each newer one is set aside, renamed
+    `incomplete-checkpoint-N` (kept, never deleted: delete it once you have looked), with a warning, so training
+    resumes from the one before it and no rotation keeps a broken one."""
     if not work_dir.is_dir():
         return None
     for _, path in reversed(_checkpoints(work_dir)):
         problem = checkpoint_problem(path)
         if problem is None:
             return str(path)
-        log.warning("dropping incomplete checkpoint %s (%s); falling back to the one before", path, problem)
-        shutil.rmtree(path, ignore_errors=True)
+        aside, copies = path.with_name(f"incomplete-{path.name}"), 1
+        while aside.exists():
+            copies += 1
+            aside = path.with_name(f"incomplete-{path.name}-{copies}")
+        path.rename(aside)
+        log.warning("setting aside checkpoint %s (%s) as %s; resuming from the one before", path, problem,
+                    aside.name)
     return None
 
 
