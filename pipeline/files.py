@@ -10,6 +10,7 @@ same entry at once, the first complete one is kept and the others discard theirs
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
@@ -82,15 +83,29 @@ def fsync_tree(path: Path, files: bool = True) -> None:
         _fsync_dir(folder)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names of the existing `a` and `b` in one step (Linux's renameat2 with RENAME_EXCHANGE); False
+    where the system or the filesystem cannot."""
+    rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    here = -100  # AT_FDCWD: paths as given
+    return rename is not None and rename(here, os.fsencode(a), here, os.fsencode(b), 2) == 0
+
+
 def commit_dir(tmp: Path, path: Path) -> None:
     """Fsync every file under the finished folder `tmp`, then rename it to `path`, replacing it (for a folder
-    with one writer, like a run's model; a content-addressed cache entry is published with `publish_dir`)."""
+    with one writer, like a run's model; a content-addressed cache entry is published with `publish_dir`). At
+    every instant `path` is the old folder or the new one: the two are swapped in one step, or, where the
+    filesystem cannot, the old one is renamed aside first and `remove_leftovers` puts it back if a kill came
+    before the new one took its place."""
     tmp, path = Path(tmp), Path(path)
     _fsync_tree(tmp)
-    old = temp_name(path, "old")
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
+    if path.exists() and _exchange(tmp, path):
+        old = tmp
+    else:
+        old = temp_name(path, "old")
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
     _fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
 
@@ -339,7 +354,7 @@ class RunLock:
             self.path.unlink(missing_ok=True)
 
 
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}$")
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}$")
 
 
 def _newest_mtime(path: Path) -> float:
@@ -356,7 +371,8 @@ def _newest_mtime(path: Path) -> float:
 def remove_leftovers(root: Path, lease_s: float | None = None) -> list[Path]:
     """Remove the temporary files and folders that killed writers left under the run folder `root`; return them.
 
-    Names made by `temp_name` (`.<name>.tmp-<host>-<pid>-<id>`, `.<name>.old-...`) go when their writer is gone:
+    Names made by `temp_name` (`.<name>.tmp-<host>-<pid>-<id>`, `.<name>.old-...`) go when their writer is gone
+    (an `.old` one whose `<name>` is missing is put back instead: `commit_dir` was killed between its renames):
     on this host its pid is dead; on another host nothing under the name changed for a lease (`LEASE_S`), as a
     live writer there (a sweep array task on another node) keeps writing. Hidden `.<name>.tmp` folders, whose
     writer is unknown, go after a lease too. Call it holding the run lock."""
@@ -375,6 +391,11 @@ def remove_leftovers(root: Path, lease_s: float | None = None) -> list[Path]:
             if name in dirs:
                 dirs.remove(name)  # never walk into a temporary folder
             if not gone:
+                continue
+            original = Path(sub) / found["name"] if found else path
+            if found and found["kind"] == "old" and not original.exists():
+                path.rename(original)  # a commit killed between its two renames: the old one back
+                logging.getLogger("pipeline").warning("restored %s: its replacement was cut short", original)
                 continue
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)

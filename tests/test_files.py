@@ -225,7 +225,35 @@ def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
                  legacy / "sub/weights.bin"):
         os.utime(path, (time.time() - 500, time.time() - 500))
     (stage / "stage.json").write_text("{}")
+    (stage / "work" / "model").mkdir()  # far_old's commit went through: its old copy is a leftover
     removed = remove_leftovers(tmp_path, lease_s=120)
     assert sorted(removed) == sorted([dead_file, dead_dir, far_old, legacy])
     assert all(not p.exists() for p in removed)
     assert live_file.exists() and (far_new / "sub/weights.bin").exists() and (stage / "stage.json").exists()
+
+
+def test_a_commit_killed_between_its_renames_leaves_the_old_folder(tmp_path, monkeypatch):
+    from pipeline import files
+
+    path = tmp_path / "stages/01-sft/model"
+    for text in ("first", "second"):  # in one step where the filesystem swaps two names
+        with atomic_dir(path) as tmp:
+            (tmp / "a.txt").write_text(text)
+    assert (path / "a.txt").read_text() == "second" and [p.name for p in path.parent.iterdir()] == ["model"]
+    monkeypatch.setattr(files, "_exchange", lambda a, b: False)  # a filesystem that cannot: two renames
+    renames = []
+
+    def killed(src, dst):  # the process is killed after the first rename
+        renames.append(dst)
+        if len(renames) > 1:
+            raise KeyboardInterrupt
+        os.rename(src, dst)
+    monkeypatch.setattr(files.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt), atomic_dir(path) as tmp:
+        (tmp / "a.txt").write_text("third")
+    monkeypatch.undo()
+    assert not path.exists()  # between the renames: the old folder aside, the new one not in place
+    old = renames[0]
+    old.rename(old.with_name(old.name.replace(f"-{os.getpid()}-", f"-{2**22 + 13}-")))  # its writer is now dead
+    assert remove_leftovers(tmp_path, lease_s=120) == []  # nothing removed: the old folder is put back
+    assert (path / "a.txt").read_text() == "second" and [p.name for p in path.parent.iterdir()] == ["model"]
