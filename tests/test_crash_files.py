@@ -194,10 +194,17 @@ def test_leftovers_of_killed_writers_and_finished_work_are_removed_at_start(chai
     live = stage / f".stage.json.tmp-{host}-{os.getppid()}-{'c' * 12}"  # its writer is alive: kept
     live.write_text("{")
     (stage / "work/checkpoint-30").mkdir(parents=True)  # killed after the record said trained
+    cache = run.parent.parent / "cache"
+    build = cache / f".build.tmp-{host}-{2**22 + 7}-{'d' * 12}"  # a killed build in the cache other runs share
+    (build / "checkpoint-5").mkdir(parents=True)
+    building = cache / f".build.tmp-{host}-{os.getppid()}-{'e' * 12}"  # another run's build, going on
+    building.mkdir()
     code, _, again = chain(SCORES)
     assert code == 0 and again.trained == []
     assert not dead.exists() and not stray.exists() and not (stage / "work").exists() and live.exists()
-    assert f"removed {dead}" in (run / "pipeline.log").read_text()
+    assert not build.exists() and building.exists()
+    assert f"removed {dead}" in (run / "pipeline.log").read_text() and f"removed {build}" in (
+        run / "pipeline.log").read_text()
 
 
 def test_a_run_refused_by_the_lock_writes_nothing_into_the_run_folder(chain, capsys):  # noqa: F811

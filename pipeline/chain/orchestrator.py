@@ -20,7 +20,7 @@ from pipeline import errors, faults, keys, logs, redact
 from pipeline.chain import manifest, outcome, preflight, ranks, revisions, sweep
 from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
-from pipeline.config import kind_of, stage_section, sweeps, swept_candidate
+from pipeline.config import cache_dir, kind_of, stage_section, sweeps, swept_candidate
 from pipeline.data import prep
 from pipeline.errors import ConfigError
 from pipeline.evaluation import gates, power, scorecache, stats
@@ -98,11 +98,12 @@ def open_run_dir(root: Path, lock: RunLock) -> str | None:
     return None
 
 
-def tidy(root: Path) -> None:
-    """With the run lock held (main process): remove what killed writers left in the run folder (temporary files
-    and folders, `files.remove_leftovers`) and the checkpoints (`work/`) of stages whose record says they are
-    finished (killed after the record was written, before `work/` went)."""
-    for path in remove_leftovers(root):
+def tidy(root: Path, cache: Path) -> None:
+    """With the run lock held (main process): remove what killed writers left in the run folder and the `cache`
+    (temporary files and folders, `files.remove_leftovers`: in the cache, which other runs share, only those whose
+    writer is gone) and the checkpoints (`work/`) of stages whose record says they are finished (killed after the
+    record was written, before `work/` went)."""
+    for path in [*remove_leftovers(root), *(remove_leftovers(cache) if cache.is_dir() else [])]:
         log.info("removed %s, left by a writer that was stopped", path)
     for folder in stage_folders(root):
         if StageRecord.read(folder).status in FINISHED and model_dir(folder).is_dir() and work_dir(folder).is_dir():
@@ -276,7 +277,7 @@ def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
     logs.setup(run.paths.log if run.main else None, run.main)
     with main_writes() as main:
         if main:
-            tidy(run.root)
+            tidy(run.root, cache_dir(cfg))
             evaluate.write_tasks(cfg, run.tasks_dir)
     keys.use_pins(main_value(revisions.pin(cfg, run.paths.hub_revisions) if run.main else None))
     checked = ranks.collectively(preflight.check, cfg, run.root, run.tasks_dir, run.world_size)
