@@ -9,14 +9,17 @@
     5   memory_alert     device memory passed its limit during a step: a checkpoint was saved (`MemoryAlert`); lower
                          the memory a step needs (settings a resume may change), then rerun to resume. Not
                          requeued by the Slurm scripts: the same settings would hit the same peak
+    6   lock_lost        another process took the run folder's lock over (this one stopped renewing it in time): this
+                         one stopped before its next write (`LockLost`), leaving the folder to the new holder
     75  preempted        SIGTERM / SIGUSR1 / SIGINT: what is resumable was saved (`Preempted`); rerun to resume
 """
 
 from __future__ import annotations
 
-PASSED, CRASHED, BAD_INPUT, GATE_STOP, TRAINING_FAILED, MEMORY_ALERT, PREEMPTED = 0, 1, 2, 3, 4, 5, 75
+PASSED, CRASHED, BAD_INPUT, GATE_STOP, TRAINING_FAILED, MEMORY_ALERT, LOCK_LOST, PREEMPTED = 0, 1, 2, 3, 4, 5, 6, 75
 NAMES = {PASSED: "passed", CRASHED: "crashed", BAD_INPUT: "bad_input", GATE_STOP: "gate_stop",
-         TRAINING_FAILED: "training_failed", MEMORY_ALERT: "memory_alert", PREEMPTED: "preempted"}
+         TRAINING_FAILED: "training_failed", MEMORY_ALERT: "memory_alert", LOCK_LOST: "lock_lost",
+         PREEMPTED: "preempted"}
 
 
 class PipelineError(Exception):
@@ -49,3 +52,9 @@ class MemoryAlert(PipelineError):
     """Device memory passed its limit during a training step; a checkpoint was saved: exit code 5."""
 
     code = MEMORY_ALERT
+
+
+class LockLost(PipelineError):
+    """Another process holds the run folder's lock now: this one writes nothing more there: exit code 6."""
+
+    code = LOCK_LOST

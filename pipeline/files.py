@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import LockLost
+
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -99,6 +101,7 @@ def commit_dir(tmp: Path, path: Path) -> None:
     before the new one took its place."""
     tmp, path = Path(tmp), Path(path)
     _fsync_tree(tmp)
+    fence()
     if path.exists() and _exchange(tmp, path):
         old = tmp
     else:
@@ -171,6 +174,14 @@ def lock_timing() -> tuple[float, float]:
 
 
 _HELD: set[str] = set()  # the owner ids of the locks this process holds
+_HOLDING: list[RunLock] = []  # those locks, checked before each commit (`fence`)
+
+
+def fence() -> None:
+    """Before a commit into a run folder (a record, a model, the leaderboard): raise `LockLost` if another process
+    took over a lock this process holds (`RunLock.check`); nothing when it holds none."""
+    for lock in _HOLDING:
+        lock.check()
 
 
 def _slurm() -> tuple[str | None, int]:
@@ -202,7 +213,6 @@ class RunLock:
         self.owner = {"pid": os.getpid(), "host": socket.gethostname(), "owner": uuid.uuid4().hex,
                       "slurm_job_id": job, "slurm_restart_count": restarts,
                       "since": time.strftime("%Y-%m-%dT%H:%M:%S"), "lease_s": self.lease_s}
-        self.lost = False  # set when another process took the lock over while this one held it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -268,6 +278,7 @@ class RunLock:
         for attempt in range(50):
             if self._link_new():
                 _HELD.add(self.owner["owner"])
+                _HOLDING.append(self)
                 self._start_renewing()
                 return
             raw = _read_text(self.path)
@@ -305,9 +316,33 @@ class RunLock:
         return (f"run folder {self.path.parent} is in use by pid {held.get('pid')} on {held.get('host')} since "
                 f"{held.get('since')}{renewed}, or delete {self.path} if that process is gone")
 
+    def _holder(self) -> dict | None:
+        """The lock's record as it is now; None when there is no lock file. A file that cannot be read or parsed
+        (a flaky shared filesystem) raises OSError: nothing is known, so nothing is concluded."""
+        try:
+            held = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except ValueError as err:
+            raise OSError(f"lock record {self.path} does not parse: {err}") from err
+        return held if isinstance(held, dict) else {}
+
+    def check(self) -> None:
+        """Raise `LockLost` when another process holds this lock now (its file names another owner, or is gone);
+        a lock file that cannot be read proves nothing and passes."""
+        try:
+            held = self._holder()
+        except OSError:
+            return
+        if held is None or held.get("owner") != self.owner["owner"]:
+            who = f"pid {held.get('pid')} on {held.get('host')}" if held else "no one (its file is gone)"
+            raise LockLost(f"lost the lock {self.path} to {who}: this process stopped renewing it within its "
+                           f"{self.lease_s:.0f} s lease, and writes nothing more into {self.path.parent}")
+
     def renew(self) -> bool:
-        """Write a fresh heartbeat into the lock if this process still holds it; False once it does not."""
-        held = read_json(self.path)
+        """Write a fresh heartbeat into the lock if this process still holds it; False once it does not. A lock
+        file that cannot be read raises OSError (the renewal is tried again), never counts as lost."""
+        held = self._holder()
         if held is not None and held.get("owner") != self.owner["owner"]:
             return False
         tmp = temp_name(self.path)
@@ -331,8 +366,7 @@ class RunLock:
                 except OSError as err:  # a flaky shared filesystem: try again at the next beat
                     logging.getLogger("pipeline").warning("could not renew the lock %s: %s", self.path, err)
                     continue
-                if not kept:
-                    self.lost = True
+                if not kept:  # the next commit stops (`fence`)
                     logging.getLogger("pipeline").error(
                         "lost the lock %s: another process took it over (this one did not renew it within %.0f s)",
                         self.path, self.lease_s)
@@ -345,6 +379,8 @@ class RunLock:
     def release(self) -> None:
         """Stop renewing and remove the lock if this process holds it (the owner id compared)."""
         self._stop.set()
+        if self in _HOLDING:
+            _HOLDING.remove(self)
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None

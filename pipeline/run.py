@@ -31,7 +31,7 @@ from pipeline.config import (  # noqa: E402
     stage_names,
     swept_candidate,
 )
-from pipeline.errors import ConfigError, MemoryAlert, Preempted, TrainingFailed  # noqa: E402
+from pipeline.errors import ConfigError, LockLost, MemoryAlert, Preempted, TrainingFailed  # noqa: E402
 from pipeline.stages import kinds  # noqa: E402
 
 BAD_INPUT_GRACE_S = 10  # how long a rank other than the main one waits before it exits on bad input
@@ -168,12 +168,15 @@ def run(cfg, argv: list[str]) -> int:
         except TrainingFailed as err:
             code, reason = err.code, str(err)
             _tell(f"training failed: {err}", own=True)
+        except LockLost as err:
+            code, reason = err.code, str(err)
+            _tell(f"error: {err}", own=True)
         except Exception as err:  # noqa: BLE001 - a crash: logged with its traceback, then exit 1
             code, reason = errors.CRASHED, f"{type(err).__name__}: {err}".splitlines()[0]
             _crashed(RunPaths(root).log if held else None, reason)
         finally:
             logger.removeFilter(last_error)
-        if held:  # a run refused by another's lock writes nothing into its run folder
+        if held and code != errors.LOCK_LOST:  # a run refused by another's lock, or that lost it, writes nothing
             outcome.finish(code, reason)
     finally:
         for lock in held:  # let go only once the outcome is written

@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import keys
 from pipeline.errors import ConfigError
-from pipeline.files import RunLock, fingerprint, write_json, write_text
+from pipeline.files import RunLock, fence, fingerprint, write_json, write_text
 
 BASE = "00-base"
 RECORD = "stage.json"
@@ -364,6 +364,7 @@ class StageRecord:
 
         with main_writes() as main:
             if main and changed:
+                fence()  # a process that lost the run's lock writes no record
                 out, root = self.to_dict(), run_root(folder)
                 for key in MODEL_PATHS:
                     if out.get(key) is not None:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.files import RunLock, atomic_dir, read_json, remove_leftovers, write_json
+from pipeline.errors import LockLost
+from pipeline.files import RunLock, atomic_dir, fence, read_json, remove_leftovers, write_json
 
 WRITERS = 8
 PARTS = 20
@@ -142,7 +143,7 @@ def test_a_renewing_holder_keeps_its_lock(tmp_path):
             time.sleep(0.3)
             with pytest.raises(RuntimeError, match="in use by pid"):
                 RunLock(tmp_path, lease_s=0.6).acquire()
-        assert read_json(tmp_path / ".lock")["heartbeat"] > first and not holder.lost
+        assert read_json(tmp_path / ".lock")["heartbeat"] > first
     finally:
         holder.release()
     assert not (tmp_path / ".lock").exists()
@@ -154,10 +155,38 @@ def test_a_holder_that_stops_renewing_loses_its_lock_and_its_release_leaves_the_
     time.sleep(0.5)
     taker = RunLock(tmp_path, lease_s=0.3)
     taker.acquire()
+    with pytest.raises(LockLost, match=f"lost the lock {tmp_path / '.lock'} to pid {os.getpid()} on "):
+        fence()  # the old holder's next commit stops
+    model = tmp_path / "model"
+    with pytest.raises(LockLost), atomic_dir(model) as tmp:
+        (tmp / "a.txt").write_text("written after the lock was lost")
+    assert not model.exists()  # nothing committed
     holder.release()  # the old holder's release compares owner ids: the new lock stays
     assert read_json(tmp_path / ".lock")["owner"] == taker.owner["owner"]
     assert holder.renew() is False  # and its next renewal finds the lock taken
+    fence()  # the taker holds its lock
     taker.release()
+
+
+def test_a_renewal_that_cannot_read_the_lock_keeps_it_and_tries_again(tmp_path, monkeypatch):
+    holder = RunLock(tmp_path, lease_s=60, renew_s=60)
+    holder.acquire()
+    try:
+        real, fails = Path.read_text, []
+
+        def flaky(path, *args, **kwargs):  # the shared filesystem fails two reads
+            if path.name == ".lock" and len(fails) < 2:
+                fails.append(path)
+                raise OSError(5, "Input/output error")
+            return real(path, *args, **kwargs)
+        monkeypatch.setattr(Path, "read_text", flaky)
+        with pytest.raises(OSError):
+            holder.renew()  # nothing concluded: the renewal loop logs it and tries at its next beat
+        fence()  # nor does a commit stop on it
+        assert len(fails) == 2 and holder.renew() is True
+        assert read_json(tmp_path / ".lock")["owner"] == holder.owner["owner"]
+    finally:
+        holder.release()
 
 
 def test_a_requeued_slurm_job_takes_over_its_earlier_incarnation_s_lock(tmp_path, monkeypatch):

@@ -236,3 +236,20 @@ def test_an_unreadable_score_cache_entry_is_scored_anew_with_a_warning(chain):
     log = (run.parent.parent / "other" / "tiny" / "pipeline.log").read_text()
     assert log.count("cannot be read (") == 3 and "scoring anew" in log
     assert all(json.loads(entry.read_text())["samples"] for entry in entries)  # replaced by what was scored
+
+
+def test_a_run_that_lost_its_lock_stops_before_its_next_write_with_exit_6(chain, monkeypatch, capsys):
+    taker, train = {"pid": 4242, "host": "node-b", "owner": "another", "heartbeat": 0.0}, Chain.train
+
+    def taken_over_while_training(self, ctx):  # midtrain's node froze; another job took the lock meanwhile
+        train(self, ctx)
+        if ctx.name == "midtrain":
+            (ctx.stage_dir.parent.parent / ".lock").write_text(json.dumps(taker))
+        return {"steps": 3}
+    monkeypatch.setattr(Chain, "train", taken_over_while_training)
+    code, run, fake = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 6 and [name for name, _ in fake.trained] == ["sft", "midtrain"]
+    said = capsys.readouterr().err
+    assert f"error: lost the lock {run / '.lock'} to pid 4242 on node-b" in said
+    assert _record(run, "01-sft")["status"] == "done" and _record(run, "02-midtrain")["status"] == "running"
+    assert not (run / "outcome.json").exists() and json.loads((run / ".lock").read_text()) == taker

@@ -25,7 +25,7 @@ from pipeline.data import prep
 from pipeline.errors import ConfigError
 from pipeline.evaluation import gates, power, scorecache, stats
 from pipeline.evaluation import lmeval as evaluate
-from pipeline.files import RunLock, remove_leftovers, temp_name, write_text
+from pipeline.files import RunLock, fence, remove_leftovers, temp_name, write_text
 from pipeline.report import headline, hub, leaderboard, modelcard
 from pipeline.runfolder import (
     BASE,
@@ -211,9 +211,10 @@ class Run:
         log.warning("%s: its verdict is noise; judge more problems, a continuous metric or a larger max_drop", text)
 
     def export(self) -> None:
-        """Rewrite the run's leaderboard files (main process)."""
+        """Rewrite the run's leaderboard files (main process, while it holds the run's lock)."""
         with main_writes() as main:
             if main:
+                fence()
                 leaderboard.export([self.root], self.root)
 
     def print_headline(self) -> None:
