@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import optimize
 from scipy.special import gammaln
+from scipy.stats import t as t_dist
 from scipy.stats import ttest_1samp
 from statsmodels.stats.contingency_tables import mcnemar
 
@@ -20,6 +21,7 @@ from pipeline.evaluation.stats import (
     describe,
     higher_is_better,
     p_beyond,
+    per_problem,
     problem_scores,
     reachable,
     score_interval,
@@ -82,7 +84,9 @@ def test_nothing_to_test_is_said_not_tested():
 def test_the_constrained_fit_is_the_maximum_likelihood_table():
     # the score statistic's variance comes from the table of difference delta that fits best: check it against a
     # direct numerical maximisation of the multinomial likelihood
-    for gained, lost, n, delta in ((12, 2, 100, -0.03), (3, 9, 60, 0.05), (0, 0, 150, -0.02), (30, 25, 1319, 0.0)):
+    tables = ((12, 2, 100, -0.03), (3, 9, 60, 0.05), (0, 0, 150, -0.02), (30, 25, 1319, 0.0),
+              (1, 0, 1, -0.5))  # the last: a variance below 1 (one problem, a threshold near the edge)
+    for gained, lost, n, delta in tables:
         def minus_log_lik(q: float, gained=gained, lost=lost, n=n, delta=delta) -> float:
             up, rest = q + delta, 1 - 2 * q - delta
             return -(gained * np.log(up) + lost * np.log(q) + (n - gained - lost) * np.log(rest))
@@ -224,3 +228,22 @@ def test_the_one_sided_p_of_a_continuous_change_is_the_one_sample_t_of_its_diffe
         for above, side in ((True, "greater"), (False, "less")):
             expected = ttest_1samp(d - threshold, 0.0, alternative=side).pvalue
             assert p_beyond(paired, threshold, above) == pytest.approx(expected)
+
+
+def test_numbers_come_back_as_floats_and_a_test_names_itself_even_when_it_cannot_judge(tmp_path):
+    assert isinstance(tango_z(3, 1, 10, 0.0), float) and isinstance(score_interval(3, 1, 10)[0], float)
+    assert isinstance(score_interval(3, 1, 10)[1], float)
+    assert compare([0.5] * 4, [0.7] * 4)["test"] == "paired t"
+    rows = [{"doc_id": i, "filter": "take/first", "metrics": ["exact_match"], "exact_match": float(i % 2)}
+            for i in range(4)]
+    (tmp_path / "samples_t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert per_problem(tmp_path, "t/exact_match,take/first") == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
+
+
+def test_a_continuous_change_s_interval_is_the_95_percent_t_interval():
+    a = [0.1 * i for i in range(12)]
+    b = [x + 0.05 + 0.02 * ((-1) ** i) + 0.01 * (i % 3) for i, x in enumerate(a)]
+    d = np.array(b) - np.array(a)
+    paired, half_width = compare(a, b), t_dist.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    assert paired["ci_low"] == pytest.approx(d.mean() - half_width) and paired["ci_high"] == pytest.approx(
+        d.mean() + half_width)
