@@ -4,7 +4,8 @@ launches this file and keeps its exit code: pipeline/launch.py); `--help` prints
 
 Exit codes (pipeline/errors.py): 0 every stage passed; 2 bad config or bad input; 3 a gate stopped the
 chain; 4 a stage could not finish training (diverged, disk full); 5 device memory passed its limit (checkpoint
-saved); 75 a preemption signal (SIGTERM / SIGUSR1) made it save and stop; 1 a crash (its traceback is
+saved); 6 another process took the run folder's lock over; 75 a preemption signal (SIGTERM / SIGUSR1) made it
+save and stop; 1 a crash (its traceback is
 appended to `<run>/pipeline.log`). The main process records the outcome in `<run>/outcome.json`
 (pipeline/chain/outcome.py), as `accelerate launch` reports every failure as 1.
 """
@@ -65,7 +66,8 @@ Common overrides (dotted keys over the recipe):
 
 Exit codes: 0 finished; 1 crashed (traceback in <run>/pipeline.log); 2 bad config or input (one line
 "error: ..."); 3 a gate stopped the chain; 4 training failed (diverged, disk full; earlier checkpoints kept);
-5 memory alert (checkpoint saved; lower what a step needs); 75 preempted (SIGTERM / SIGUSR1; checkpoint saved).
+5 memory alert (checkpoint saved; lower what a step needs); 6 lock lost (another process took the run folder
+over; this one wrote nothing more); 75 preempted (SIGTERM / SIGUSR1; checkpoint saved).
 Rerunning the same command resumes; after bad input, a failed training or a memory alert, fix the cause first.
 
 Examples:
