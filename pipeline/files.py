@@ -101,7 +101,7 @@ def commit_dir(tmp: Path, path: Path) -> None:
     before the new one took its place."""
     tmp, path = Path(tmp), Path(path)
     _fsync_tree(tmp)
-    fence()
+    fence(path)
     if path.exists() and _exchange(tmp, path):
         old = tmp
     else:
@@ -177,11 +177,21 @@ _HELD: set[str] = set()  # the owner ids of the locks this process holds
 _HOLDING: list[RunLock] = []  # those locks, checked before each commit (`fence`)
 
 
-def fence() -> None:
-    """Before a commit into a run folder (a record, a model, the leaderboard): raise `LockLost` if another process
-    took over a lock this process holds (`RunLock.check`); nothing when it holds none."""
+def lock_lost(path: Path) -> str | None:
+    """Why this process may not write to `path`: another process took over the lock this process held on a run
+    folder that contains it (`RunLock.lost`); None otherwise (no such lock, or it still holds it)."""
     for lock in _HOLDING:
-        lock.check()
+        if Path(path).absolute().is_relative_to(lock.path.parent.absolute()):
+            return lock.lost()
+    return None
+
+
+def fence(path: Path) -> None:
+    """Before a commit to `path` (a record, a model, the leaderboard): raise `LockLost` if this process lost the
+    lock of the run folder that contains it (`lock_lost`)."""
+    why = lock_lost(path)
+    if why:
+        raise LockLost(why)
 
 
 def _slurm() -> tuple[str | None, int]:
@@ -327,17 +337,18 @@ class RunLock:
             raise OSError(f"lock record {self.path} does not parse: {err}") from err
         return held if isinstance(held, dict) else {}
 
-    def check(self) -> None:
-        """Raise `LockLost` when another process holds this lock now (its file names another owner, or is gone);
-        a lock file that cannot be read proves nothing and passes."""
+    def lost(self) -> str | None:
+        """Why this process no longer holds the lock (its file names another owner, or is gone: a contender judged
+        the lease expired), or None while it does; a lock file that cannot be read proves nothing (None)."""
         try:
             held = self._holder()
         except OSError:
-            return
-        if held is None or held.get("owner") != self.owner["owner"]:
-            who = f"pid {held.get('pid')} on {held.get('host')}" if held else "no one (its file is gone)"
-            raise LockLost(f"lost the lock {self.path} to {who}: this process stopped renewing it within its "
-                           f"{self.lease_s:.0f} s lease, and writes nothing more into {self.path.parent}")
+            return None
+        if held is not None and held.get("owner") == self.owner["owner"]:
+            return None
+        who = f"pid {held.get('pid')} on {held.get('host')}" if held else "no one (its file is gone)"
+        return (f"lost the lock {self.path} to {who}: this process stopped renewing it within its "
+                f"{self.lease_s:.0f} s lease, and writes nothing more into {self.path.parent}")
 
     def renew(self) -> bool:
         """Write a fresh heartbeat into the lock if this process still holds it; False once it does not. A lock
@@ -430,8 +441,12 @@ def remove_leftovers(root: Path, lease_s: float | None = None) -> list[Path]:
                 continue
             original = Path(sub) / found["name"] if found else path
             if found and found["kind"] == "old" and not original.exists():
-                path.rename(original)  # a commit killed between its two renames: the old one back
-                logging.getLogger("pipeline").warning("restored %s: its replacement was cut short", original)
+                try:
+                    path.rename(original)  # a commit killed between its two renames: the old one back
+                except OSError as err:  # another process restored it, or its writer went on after all
+                    logging.getLogger("pipeline").warning("could not restore %s from %s: %s", original, path, err)
+                else:
+                    logging.getLogger("pipeline").warning("restored %s: its replacement was cut short", original)
                 continue
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)

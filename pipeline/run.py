@@ -178,7 +178,7 @@ def run(cfg, argv: list[str]) -> int:
             _crashed(RunPaths(root).log if held else None, reason)
         finally:
             logger.removeFilter(last_error)
-        if held and code != errors.LOCK_LOST:  # a run refused by another's lock, or that lost it, writes nothing
+        if held and not held[0].lost():  # a run refused by another's lock, or that lost it, writes nothing
             outcome.finish(code, reason)
     finally:
         for lock in held:  # let go only once the outcome is written

@@ -237,6 +237,11 @@ def work_dir(folder: Path) -> Path:
     return Path(folder) / "work"
 
 
+def checkpointed(folder: Path) -> bool:
+    """Whether the trainer saved a checkpoint in `folder`'s `work/`: what a resume of it would continue from."""
+    return any(work_dir(folder).glob("checkpoint-*"))
+
+
 def samples_dir(folder: Path) -> Path:
     """`eval/` of a stage's or candidate's folder: where scoring its model keeps the per-problem samples."""
     return Path(folder) / "eval"
@@ -342,7 +347,7 @@ class StageRecord:
         if strict and path.exists() and not isinstance(raw, dict):
             raise ConfigError(f"{path} cannot be read as a stage record (not a JSON object); nothing was retrained "
                               "or deleted: restore it from a backup, or move it away to train that model again "
-                              "(redo=[<stage>] retrains a stage and every stage after it)")
+                              "(for a stage, redo=[<stage>] also retrains it and every stage after it)")
         raw = raw if isinstance(raw, dict) else {}
         known = {f.name for f in fields(cls)} - {"extra"}
         root = run_root(folder)
@@ -364,7 +369,7 @@ class StageRecord:
 
         with main_writes() as main:
             if main and changed:
-                fence()  # a process that lost the run's lock writes no record
+                fence(folder)  # a process that lost the run's lock writes no record
                 out, root = self.to_dict(), run_root(folder)
                 for key in MODEL_PATHS:
                     if out.get(key) is not None:

@@ -6,7 +6,7 @@
 # Preemption: Slurm's warning signal to the batch shell (`--signal=B:USR1@120`, or
 # `scancel --batch --signal=USR1 JOB`) or a TERM is forwarded as USR1 to every process of the job step
 # (the pipeline saves a checkpoint and exits 75); on exit 75 the job requeues itself and the requeued job
-# resumes. Every other code ends the job, a memory alert (5) included.
+# resumes. Every other code ends the job, a memory alert (5) and a lost lock (6) included.
 set -uo pipefail
 nodes=${SLURM_NNODES:-1}
 MAIN_PROCESS_IP=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -1)

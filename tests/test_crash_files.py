@@ -13,9 +13,11 @@ import socket
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from test_orchestrator import Chain, _record, chain  # noqa: F401 - `chain` is a fixture
 
 from pipeline.chain import orchestrator
+from pipeline.errors import LockLost
 from pipeline.files import RunLock
 from pipeline.runfolder import StageRecord, input_stage
 from pipeline.train.trainer import COMPLETE, CheckpointMarker, last_complete_checkpoint, mark_checkpoint
@@ -220,3 +222,22 @@ def test_a_run_refused_by_the_lock_writes_nothing_into_the_run_folder(chain, cap
     assert f"in use by pid {os.getpid()}" in capsys.readouterr().err
     after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     assert after == before  # outcome.json, pipeline.log and everything else untouched, nothing added
+
+
+def test_a_process_that_lost_its_lock_marks_no_checkpoint_and_rotates_none_out(tmp_path):
+    run = tmp_path / "runs/tiny"
+    work = run / "stages/01-sft/work"
+    lock = RunLock(run, lease_s=60, renew_s=60)
+    lock.acquire()
+    try:
+        args = SimpleNamespace(output_dir=str(work), save_total_limit=1)
+        marker = CheckpointMarker(args)
+        _checkpoint(work, 10, marked=False)
+        marker.on_save(args, SimpleNamespace(global_step=10), SimpleNamespace())
+        (run / ".lock").write_text(json.dumps({"owner": "another", "pid": 4242, "host": "node-b"}))  # taken over
+        _checkpoint(work, 20, marked=False)
+        with pytest.raises(LockLost, match="to pid 4242 on node-b"):
+            marker.on_save(args, SimpleNamespace(global_step=20), SimpleNamespace())
+        assert (work / "checkpoint-10" / COMPLETE).is_file() and not (work / "checkpoint-20" / COMPLETE).exists()
+    finally:
+        lock.release()

@@ -156,7 +156,7 @@ def test_a_holder_that_stops_renewing_loses_its_lock_and_its_release_leaves_the_
     taker = RunLock(tmp_path, lease_s=0.3)
     taker.acquire()
     with pytest.raises(LockLost, match=f"lost the lock {tmp_path / '.lock'} to pid {os.getpid()} on "):
-        fence()  # the old holder's next commit stops
+        fence(tmp_path / "stages/01-sft/stage.json")  # the old holder's next commit into the folder stops
     model = tmp_path / "model"
     with pytest.raises(LockLost), atomic_dir(model) as tmp:
         (tmp / "a.txt").write_text("written after the lock was lost")
@@ -164,7 +164,8 @@ def test_a_holder_that_stops_renewing_loses_its_lock_and_its_release_leaves_the_
     holder.release()  # the old holder's release compares owner ids: the new lock stays
     assert read_json(tmp_path / ".lock")["owner"] == taker.owner["owner"]
     assert holder.renew() is False  # and its next renewal finds the lock taken
-    fence()  # the taker holds its lock
+    fence(tmp_path / "stages")  # the taker holds its lock
+    fence(tmp_path.parent / "elsewhere")  # and nothing outside a locked folder is fenced
     taker.release()
 
 
@@ -182,7 +183,7 @@ def test_a_renewal_that_cannot_read_the_lock_keeps_it_and_tries_again(tmp_path, 
         monkeypatch.setattr(Path, "read_text", flaky)
         with pytest.raises(OSError):
             holder.renew()  # nothing concluded: the renewal loop logs it and tries at its next beat
-        fence()  # nor does a commit stop on it
+        fence(tmp_path / "model")  # nor does a commit stop on it
         assert len(fails) == 2 and holder.renew() is True
         assert read_json(tmp_path / ".lock")["owner"] == holder.owner["owner"]
     finally:

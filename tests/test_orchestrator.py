@@ -207,6 +207,9 @@ def test_an_unreadable_record_is_refused_naming_it_and_never_retrained(chain, ca
     code, _, redone = chain({"sft": 0.5, "midtrain": 0.75}, "redo=[sft]")  # the way out it names
     assert code == 0 and [name for name, _ in redone.trained] == ["sft", "midtrain"]
     assert _record(run, "01-sft")["status"] == "done"
+    (run / "stages/02-midtrain/stage.json").write_text("{")
+    code, _, requeued = chain({"sft": 0.5, "midtrain": 0.75}, "redo=[sft]")  # the same command again: its redo
+    assert code == 2 and requeued.trained == []  # was carried out, so midtrain's unreadable record is refused
 
 
 def test_a_resume_on_another_world_size_is_refused_naming_both(chain, capsys):
@@ -215,6 +218,7 @@ def test_a_resume_on_another_world_size_is_refused_naming_both(chain, capsys):
     record = StageRecord.read(run / "stages/01-sft")
     record.status, record.world_size = "running", 2  # interrupted while training on 2 processes
     record.write(run / "stages/01-sft")
+    (run / "stages/01-sft/work/checkpoint-3").mkdir(parents=True)  # what a resume would continue from
     code, _, fake = chain({"sft": 0.5, "midtrain": 0.75})
     assert code == 2 and fake.trained == []
     said = capsys.readouterr().err
@@ -222,6 +226,11 @@ def test_a_resume_on_another_world_size_is_refused_naming_both(chain, capsys):
             "global batch from 12 to 6 rows a step; run it again on 2 process(es), or add redo=[sft]") in said
     code, _, redone = chain({"sft": 0.5, "midtrain": 0.75}, "redo=[sft]")
     assert code == 0 and [name for name, _ in redone.trained] == ["sft", "midtrain"]
+    record = StageRecord.read(run / "stages/01-sft")
+    record.status, record.world_size = "running", 2
+    record.write(run / "stages/01-sft")  # killed at 2 processes before its first checkpoint: nothing to resume
+    code, _, again = chain({"sft": 0.5, "midtrain": 0.75})
+    assert code == 0 and [name for name, _ in again.trained] == ["sft", "midtrain"]
 
 
 def test_an_unreadable_score_cache_entry_is_scored_anew_with_a_warning(chain):

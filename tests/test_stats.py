@@ -234,6 +234,8 @@ def test_numbers_come_back_as_floats_and_a_test_names_itself_even_when_it_cannot
     assert isinstance(tango_z(3, 1, 10, 0.0), float) and isinstance(score_interval(3, 1, 10)[0], float)
     assert isinstance(score_interval(3, 1, 10)[1], float)
     assert compare([0.5] * 4, [0.7] * 4)["test"] == "paired t"
+    older = {k: v for k, v in compare([0.0] * 50, [1.0] * 10 + [0.0] * 40).items() if k != "test"}
+    assert describe(older).endswith("(paired, +10 / -0, n=50)")  # a record written before the test was named
     rows = [{"doc_id": i, "filter": "take/first", "metrics": ["exact_match"], "exact_match": float(i % 2)}
             for i in range(4)]
     (tmp_path / "samples_t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

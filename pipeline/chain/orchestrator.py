@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -100,10 +101,11 @@ def open_run_dir(root: Path, lock: RunLock) -> str | None:
 
 def tidy(root: Path, cache: Path) -> None:
     """With the run lock held (main process): remove what killed writers left in the run folder and the `cache`
-    (temporary files and folders, `files.remove_leftovers`: in the cache, which other runs share, only those whose
-    writer is gone) and the checkpoints (`work/`) of stages whose record says they are finished (killed after the
-    record was written, before `work/` went)."""
-    for path in [*remove_leftovers(root), *(remove_leftovers(cache) if cache.is_dir() else [])]:
+    (temporary files and folders, `files.remove_leftovers`; in the cache, which other runs share and no lock
+    covers, only those of this host's dead processes) and the checkpoints (`work/`) of stages whose record says
+    they are finished (killed after the record was written, before `work/` went)."""
+    shared = remove_leftovers(cache, lease_s=math.inf) if cache.is_dir() else []  # another host's: never judged
+    for path in [*remove_leftovers(root), *shared]:
         log.info("removed %s, left by a writer that was stopped", path)
     for folder in stage_folders(root):
         if StageRecord.read(folder).status in FINISHED and model_dir(folder).is_dir() and work_dir(folder).is_dir():
@@ -214,7 +216,7 @@ class Run:
         """Rewrite the run's leaderboard files (main process, while it holds the run's lock)."""
         with main_writes() as main:
             if main:
-                fence()
+                fence(self.root)
                 leaderboard.export([self.root], self.root)
 
     def print_headline(self) -> None:

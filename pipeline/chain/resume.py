@@ -35,7 +35,7 @@ from pipeline.config import (
 from pipeline.data import mixtures as data
 from pipeline.data.chat import template_text
 from pipeline.evaluation import lmeval as evaluate
-from pipeline.runfolder import FINISHED, RunPaths, StageRecord, finished, stage_dir
+from pipeline.runfolder import FINISHED, RunPaths, StageRecord, checkpointed, finished, stage_dir
 
 # settings that choose among a sweep's candidates (and the swept settings themselves): the data a stage prepares
 # for every candidate (pairs, reference log-probs) does not depend on them
@@ -160,14 +160,13 @@ def decide(cfg: DictConfig, root: Path, world_size: int | None = None) -> list[S
         fp = keys.key({"inputs": inputs, "config": trains})
         shared = {k: v for k, v in trains.items() if k not in (*PER_CANDIDATE, *swept(cfg[name]))}
         prepared = keys.key({"inputs": inputs, "config": shared})
-        redone = forced or any(n in cfg.redo for n in cfg.stages[: list(cfg.stages).index(name) + 1])
-        record = StageRecord.read(stage_dir(root, i, name), strict=not redone)  # retrained anyway under a redo
+        record = StageRecord.read(stage_dir(root, i, name), strict=not (forced or name in cfg.redo))  # else retrained
         redo = name in cfg.redo and not (record.redone and record.fingerprint == fp)  # a redo is carried out once
         decision = StageDecision(i, name, stage_dir(root, i, name), fp, upstream,
                                  eval_fingerprint(fp, evaluate.settings(cfg, name), tasks_dir), "", sources, inputs,
                                  redo, prepared, grid(cfg[name]) if sweeps(cfg[name]) else [])
         decision.action = _action(decision, record, forced, config, schema)
-        if decision.action == "resume":
+        if decision.action == "resume" and not sweeps(cfg[name]) and checkpointed(decision.dir):
             refuse_other_world(f"stage {decision.dir.name}", name, record, world_size, cfg[name])
         forced = forced or decision.action in ("train", "resume")
         out.append(decision)

@@ -38,6 +38,7 @@ from pipeline.runfolder import (
     StageRecord,
     Trained,
     candidate_dir,
+    checkpointed,
     drop_work,
     earlier_stage_model,
     eval_dir,
@@ -171,7 +172,7 @@ def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, scorer:
     if not finished(record, cctx.out_dir, fp):
         if not (record.fingerprint == fp and record.status == "running"):
             _clear(cctx.out_dir)  # an attempt with other settings or inputs: its checkpoints must not resume
-        else:
+        elif checkpointed(cctx.out_dir):
             refuse_other_world(f"candidate {cand['id']} of {ctx.stage_dir.name}", ctx.name, record, world_size(),
                                cctx.stage)
         config = OmegaConf.to_container(cctx.stage, resolve=True)

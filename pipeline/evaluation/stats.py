@@ -187,4 +187,4 @@ def describe(paired: dict, digits: int = 3) -> str:
         where = f"{counts[2:]}, n={paired['n']}" if counts else f"n={paired['n']}"
         return f"{paired['diff']:+.{digits}f}, not testable: {paired.get('cannot_judge')} ({where})"
     return (f"{paired['diff']:+.{digits}f} [{paired['ci_low']:+.{digits}f}, {paired['ci_high']:+.{digits}f}], "
-            f"{f'p={p:.2g}' if p >= 1e-4 else 'p<1e-4'} ({paired['test']}{counts}, n={paired['n']})")
+            f"{f'p={p:.2g}' if p >= 1e-4 else 'p<1e-4'} ({paired.get('test', 'paired')}{counts}, n={paired['n']})")

@@ -27,8 +27,8 @@ from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unse
 from transformers.trainer_utils import TrainOutput
 
 from pipeline.data import prep
-from pipeline.errors import MemoryAlert, TrainingFailed
-from pipeline.files import commit_dir, fsync_tree, read_json, temp_name, write_json
+from pipeline.errors import LockLost, MemoryAlert, TrainingFailed
+from pipeline.files import commit_dir, fsync_tree, lock_lost, read_json, temp_name, write_json
 from pipeline.runfolder import model_dir
 from pipeline.settings import passed_through
 from pipeline.train import precision as prec
@@ -198,6 +198,9 @@ class CheckpointMarker(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        lost = main_value(lock_lost(folder) if is_main() else None)  # every rank stops together
+        if lost:
+            raise LockLost(lost)  # its checkpoint is not marked, and no older one is rotated out
         with main_writes():
             if folder.is_dir():
                 fsync_tree(folder)  # each rank the files it wrote (ZeRO shards, RNG states), shared storage or not
