@@ -1,7 +1,7 @@
 #!/bin/bash
 # The command every node of a pipeline job step runs (slurm/launch.sh starts it on each node with srun):
 #   slurm/node.sh recipe=NAME [key=value ...]
-# runs `smol-pipeline` (accelerate's launcher, keeping the pipeline's exit code: 0, 2, 3, 4, 75, 1) as machine
+# runs `smol-pipeline` (accelerate's launcher, keeping the pipeline's exit code: 0, 2, 3, 4, 5, 6, 75, 1) as machine
 # $SLURM_NODEID of $SLURM_NNODES, and says the command it runs on stderr. Environment:
 #   MAIN_PROCESS_IP, MAIN_PROCESS_PORT  the rendezvous address on the first node (launch.sh sets both)
 #   NPROC_PER_NODE     processes per node (default: the node's GPUs; 1 on a node without GPUs: the pipeline
