@@ -173,8 +173,7 @@ def lock_timing() -> tuple[float, float]:
             float(os.environ.get("PIPELINE_TEST_LOCK_RENEW_S") or RENEW_S))
 
 
-_HELD: set[str] = set()  # the owner ids of the locks this process holds
-_HOLDING: list[RunLock] = []  # those locks, checked before each commit (`fence`)
+_HOLDING: list[RunLock] = []  # the locks this process holds: checked before each commit (`fence`)
 
 
 def lock_lost(path: Path) -> str | None:
@@ -249,7 +248,7 @@ class RunLock:
         if held.get("host") == self.owner["host"]:
             if not _alive(held.get("pid")):
                 return f"its process {held.get('pid')} on this host is gone"
-            if held.get("pid") == self.owner["pid"] and held.get("owner") not in _HELD:
+            if held.get("pid") == self.owner["pid"] and held.get("owner") not in {h.owner["owner"] for h in _HOLDING}:
                 return "it names this process's pid, which holds no such lock (a restarted container)"
         job, restarts = held.get("slurm_job_id"), held.get("slurm_restart_count")
         if job and job == self.owner["slurm_job_id"] and isinstance(restarts, int) \
@@ -287,7 +286,6 @@ class RunLock:
         """Take the lock or raise `RuntimeError` naming the live owner; start renewing the lease."""
         for attempt in range(50):
             if self._link_new():
-                _HELD.add(self.owner["owner"])
                 _HOLDING.append(self)
                 self._start_renewing()
                 return
@@ -390,12 +388,11 @@ class RunLock:
     def release(self) -> None:
         """Stop renewing and remove the lock if this process holds it (the owner id compared)."""
         self._stop.set()
-        if self in _HOLDING:
-            _HOLDING.remove(self)
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-        _HELD.discard(self.owner["owner"])
+        if self in _HOLDING:
+            _HOLDING.remove(self)
         held = read_json(self.path) or {}
         if held.get("owner") == self.owner["owner"]:
             self.path.unlink(missing_ok=True)
@@ -439,8 +436,7 @@ def remove_leftovers(root: Path, lease_s: float | None = None) -> list[Path]:
                 dirs.remove(name)  # never walk into a temporary folder
             if not gone:
                 continue
-            original = Path(sub) / found["name"] if found else path
-            if found and found["kind"] == "old" and not original.exists():
+            if found and found["kind"] == "old" and not (original := Path(sub) / found["name"]).exists():
                 try:
                     path.rename(original)  # a commit killed between its two renames: the old one back
                 except OSError as err:  # another process restored it, or its writer went on after all

@@ -105,12 +105,13 @@ def _datasets(cfg: DictConfig, name: str) -> list[dict]:
     out = []
     for mixture in stage_mixtures(cfg, name):
         role = "train" if mixture == data_source(cfg[name]) else "on-policy prompts"
-        missing = [s.path for s in load_spec(mixture).sources if s.path and not Path(s.path).is_file()]
+        spec = load_spec(mixture)
+        missing = [s.path for s in spec.sources if s.path and not Path(s.path).is_file()]
         if missing:
             raise ConfigError(f"'{name}' reads {source_name(mixture)}: dataset file not found: {missing[0]}")
         sources = [{"source": s.path or (f"{s.hub}[{s.name}/{s.split}]" if s.hub else f"{s.generator}:{s.split}"),
                     "weight": s.weight, **(_revision(s.hub, s.revision, "dataset") if s.hub else {})}
-                   for s in load_spec(mixture).sources]
+                   for s in spec.sources]
         out.append({"mixture": str(mixture), "role": role, "sources": sources})
     return out
 
