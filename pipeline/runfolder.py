@@ -237,9 +237,19 @@ def work_dir(folder: Path) -> Path:
     return Path(folder) / "work"
 
 
+def checkpoint_dir(work: Path, step: int) -> Path:
+    """`checkpoint-N` of a `work/` folder: the trainer's checkpoint at optimizer step `step`."""
+    return Path(work) / f"checkpoint-{step}"
+
+
+def checkpoints(work: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of each trainer checkpoint in a `work/` folder, oldest first."""
+    return sorted((int(p.name.split("-")[1]), p) for p in Path(work).glob("checkpoint-*") if p.name[11:].isdigit())
+
+
 def checkpointed(folder: Path) -> bool:
     """Whether the trainer saved a checkpoint in `folder`'s `work/`: what a resume of it would continue from."""
-    return any(work_dir(folder).glob("checkpoint-*"))
+    return bool(checkpoints(work_dir(folder)))
 
 
 def samples_dir(folder: Path) -> Path:

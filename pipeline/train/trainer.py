@@ -29,7 +29,7 @@ from transformers.trainer_utils import TrainOutput
 from pipeline.data import prep
 from pipeline.errors import LockLost, MemoryAlert, TrainingFailed
 from pipeline.files import commit_dir, fsync_tree, lock_lost, read_json, temp_name, write_json
-from pipeline.runfolder import model_dir
+from pipeline.runfolder import checkpoint_dir, checkpoints, model_dir
 from pipeline.settings import passed_through
 from pipeline.train import precision as prec
 from pipeline.train import preempt, progress, tracking
@@ -197,7 +197,7 @@ class CheckpointMarker(TrainerCallback):
         args.save_total_limit = None  # rotated here, after the marker
 
     def on_save(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = checkpoint_dir(Path(args.output_dir), state.global_step)
         lost = main_value(lock_lost(folder) if is_main() else None)  # every rank stops together
         if lost:
             raise LockLost(lost)  # its checkpoint is not marked, and no older one is rotated out
@@ -213,7 +213,7 @@ class CheckpointMarker(TrainerCallback):
     def _rotate(self, work_dir: Path) -> None:
         if not self.limit or self.limit <= 0:
             return
-        marked = [p for _, p in _checkpoints(work_dir) if (p / COMPLETE).is_file()]
+        marked = [p for _, p in checkpoints(work_dir) if (p / COMPLETE).is_file()]
         for old in marked[: -self.limit]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -274,17 +274,13 @@ def _unproven(path: Path) -> str | None:
     return None
 
 
-def _checkpoints(work_dir: Path) -> list[tuple[int, Path]]:
-    return sorted((int(p.name.split("-")[1]), p) for p in work_dir.glob("checkpoint-*") if p.name[11:].isdigit())
-
-
 def last_complete_checkpoint(work_dir: Path) -> str | None:
     """The newest `checkpoint-N` that is complete (`checkpoint_problem`); each newer one is set aside, renamed
     `incomplete-checkpoint-N` (kept, never deleted: delete it once you have looked), with a warning, so training
     resumes from the one before it and no rotation keeps a broken one."""
     if not work_dir.is_dir():
         return None
-    for _, path in reversed(_checkpoints(work_dir)):
+    for _, path in reversed(checkpoints(work_dir)):
         problem = checkpoint_problem(path)
         if problem is None:
             return str(path)
