@@ -99,6 +99,7 @@ def test_empty_assistant_turn_is_refused_naming_the_row(smollm2):
         chat.tokenise_masked(smollm2_tok(smollm2), empty, {}, "mixture gsm8k row 3")
 
 
+@pytest.mark.slow
 def test_chatml_on_a_tokenizer_without_its_markers_adds_them_as_special_tokens(tmp_path):
     tok = AutoTokenizer.from_pretrained(_base_without_template(tmp_path))
     assert len(tok.encode("<|im_end|>", add_special_tokens=False)) > 1 and not tok.chat_template

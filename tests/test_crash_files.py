@@ -152,6 +152,7 @@ def test_an_older_record_with_absolute_paths_still_works_in_place(tmp_path):
     assert input_stage(run / "stages/02-dpo") == run / "stages/01-sft"
 
 
+@pytest.mark.slow
 def test_a_moved_run_folder_resumes_and_reuses_every_stage(chain, tmp_path):  # noqa: F811
     code, run, _ = chain(SCORES)
     assert code == 0
@@ -166,6 +167,7 @@ def test_a_moved_run_folder_resumes_and_reuses_every_stage(chain, tmp_path):  # 
                                                         str(moved / "tiny/stages/02-midtrain/model"))
 
 
+@pytest.mark.slow
 def test_work_goes_only_after_the_record_says_trained(chain, monkeypatch):  # noqa: F811
     seen, real_drop, real_train = [], orchestrator.drop_work, Chain.train
 
@@ -185,6 +187,7 @@ def test_work_goes_only_after_the_record_says_trained(chain, monkeypatch):  # no
     assert not (run / "stages/01-sft/work").exists() and not (run / "stages/02-midtrain/work").exists()
 
 
+@pytest.mark.slow
 def test_leftovers_of_killed_writers_and_finished_work_are_removed_at_start(chain):  # noqa: F811
     code, run, _ = chain(SCORES)
     stage, host = run / "stages/01-sft", socket.gethostname()
@@ -209,6 +212,7 @@ def test_leftovers_of_killed_writers_and_finished_work_are_removed_at_start(chai
         run / "pipeline.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_run_refused_by_the_lock_writes_nothing_into_the_run_folder(chain, capsys):  # noqa: F811
     code, run, _ = chain(SCORES)
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}

@@ -130,6 +130,7 @@ def test_data_and_mixture_together_exit_2_in_one_line():
         "several; keep one (sft.mixture= clears the recipe's mixture)"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fmt", "form", "rows"), FORMS, ids=[f"{f} ({form})" for f, form, _ in FORMS])
 def test_each_format_reads_alike_from_every_file_type_and_a_hub_copy(tmp_path, fmt, form, rows):
     """jsonl, json, parquet, csv (plain strings only) and a Hub dataset's local copy give the same normalised rows,

@@ -64,6 +64,7 @@ def _config(root: Path, *overrides: str):
     return cfg, write_tasks(cfg, root / "tasks")
 
 
+@pytest.mark.slow
 def test_tasks_of_the_run_a_user_folder_and_lm_evals_registry_and_the_metrics_each_produces(root):
     cfg, tasks = _config(root)
     ev = settings(cfg, "sft")
@@ -81,6 +82,7 @@ def test_tasks_of_the_run_a_user_folder_and_lm_evals_registry_and_the_metrics_ea
     assert expected_metrics(file_only, tasks) == {"sums_mc/acc,none", "sums_mc/acc_norm,none"}  # one task YAML
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "expected"), [
     (["eval.tasks=[arc_esy]"], "unknown eval task 'arc_esy'"),
     (["base_eval.tasks=[tiny_gsm_vla]"], "unknown eval task 'tiny_gsm_vla'"),
@@ -96,6 +98,7 @@ def test_an_unknown_task_is_one_line_with_the_closest_names(root, overrides, exp
     assert f"closest: {closest}" in message and "tiny_gsm, tiny_gsm_bpb, tiny_gsm_val" in message  # the run's own tasks
 
 
+@pytest.mark.slow
 def test_a_missing_include_path_or_a_task_yaml_that_does_not_load_is_named(root):
     cfg, tasks = _config(root, "eval.tasks=[sums_mc]", f"eval.include_path={root / 'nowhere'}")
     with pytest.raises(ConfigError, match="eval.include_path .*nowhere does not exist"):
@@ -106,6 +109,7 @@ def test_a_missing_include_path_or_a_task_yaml_that_does_not_load_is_named(root)
         eval_tasks(cfg, tasks)
 
 
+@pytest.mark.slow
 def test_gates_on_any_tasks_metric_and_only_those(root):
     cfg, tasks = _config(root, "eval.tasks=[sums_mc,tiny_gsm_val]", "sft.gate.metric=sums_mc/acc_norm,none",
                          "midtrain.gate.metric=sums_mc/acc,none")
@@ -126,6 +130,7 @@ def test_gates_on_any_tasks_metric_and_only_those(root):
         gate_metrics(cfg, tasks)
 
 
+@pytest.mark.slow
 def test_a_multiple_choice_task_scores_through_both_hf_paths_and_pairs_per_problem(root, tmp_path, tiny_base):
     """The user's log-likelihood task through lm-eval's HF model, with lmeval_fast and stock; per-problem `acc` in
     the samples, paired between two evaluations of other prompt formats (chat template and plain)."""

@@ -32,6 +32,7 @@ def _publish(path: Path, start: multiprocessing.synchronize.Barrier) -> None:
     assert sorted(p.name for p in path.iterdir()) == sorted(f"part-{i}.txt" for i in range(PARTS))
 
 
+@pytest.mark.slow
 def test_concurrent_writers_of_one_content_addressed_folder_all_succeed(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     for round_ in range(3):
@@ -218,6 +219,7 @@ def _contend(run: str, start: multiprocessing.synchronize.Barrier, results: mult
     lock.release()
 
 
+@pytest.mark.slow
 def test_contenders_racing_on_a_stale_lock_exactly_one_wins(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     for round_ in range(3):

@@ -144,6 +144,7 @@ def test_nothing_to_judge_is_never_a_pass():
     assert drop["verdict"] == "pass" and "judged nothing (1 shared problem" in drop["reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("test", ["superior", "non_inferior", "no_significant_drop"])
 def test_every_verdict_up_to_16_problems_follows_the_p_it_prints(test):
     for n in range(1, 17):

@@ -23,6 +23,7 @@ def _leaves(node: dict, prefix: str = "") -> list[str]:
             for k in (_leaves(v, f"{prefix}{key}.") if isinstance(v, dict) and v else [f"{prefix}{key}"])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_help_flag_is_the_pipelines_usage(flag, capsys):
     lines = _help(capsys, flag)
@@ -68,6 +69,7 @@ def test_help_true_on_a_bad_recipe_is_one_error_line(capsys):
     assert capsys.readouterr().err.startswith("error: unknown recipe 'nope'; available: ")
 
 
+@pytest.mark.slow
 def test_launcher_help_is_the_usage_then_the_common_launcher_options(capsys):
     from accelerate.commands.launch import launch_command_parser
 

@@ -54,6 +54,7 @@ def test_fixtures_have_the_published_columns_and_types(tmp_path):
     assert gsm.features == datasets.Features(question=datasets.Value("string"), answer=datasets.Value("string"))
 
 
+@pytest.mark.slow
 def test_recipe_mixtures_load_from_the_mirror(tmp_path):
     cfg = _cfg(tmp_path)
     sft = load_mixture("smol_sft", cfg)
@@ -100,6 +101,7 @@ def _row(form: tuple[str, str, str]) -> dict:
     return row if PROMPTS[prompt] is None else {"prompt": PROMPTS[prompt], **row}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS, ids=["/".join(f) for f in FORMS])
 def test_every_preference_form_becomes_trl_conversational(form, tiny_base):
     row = normalise(_row(form), {}, "x")
@@ -121,6 +123,7 @@ def _dpo_step(model_dir: Path, data, out: Path) -> float:
     return trainer.train().training_loss
 
 
+@pytest.mark.slow
 def test_dpo_trains_on_every_form_and_on_smoltalk2_preference_rows(tmp_path, tiny_base):
     rows = tmp_path / "pairs.jsonl"
     rows.write_text("".join(json.dumps(_row(f)) + "\n" for f in FORMS))
@@ -131,6 +134,7 @@ def test_dpo_trains_on_every_form_and_on_smoltalk2_preference_rows(tmp_path, tin
     assert math.isfinite(_dpo_step(tiny_base, published, tmp_path / "smoltalk2"))
 
 
+@pytest.mark.slow
 def test_prompt_only_rows_reach_sampling_and_trl_as_chats(tmp_path, tiny_base):
     cfg = _cfg(tmp_path)
     string_prompts = load_mixture("gsm8k_rl", cfg)  # the question, a string in the published data

@@ -46,6 +46,7 @@ def _plan(finished, *overrides: str) -> list[hub.Upload]:
     return hub.plan(cfg, root, [root / "stages/01-midtrain", root / "stages/02-sft"])
 
 
+@pytest.mark.slow
 def test_the_plan_pushes_each_stage_to_its_branch_and_the_final_model_to_main(finished):
     uploads = _plan(finished)
     root = finished[1]
@@ -62,6 +63,7 @@ def test_the_plan_pushes_each_stage_to_its_branch_and_the_final_model_to_main(fi
     assert [u.key for u in _plan(finished)] == [u.key for u in uploads]  # the same run, the same plan
 
 
+@pytest.mark.slow
 def test_sweep_candidates_are_pushed_only_when_asked(finished):
     targets = [u.target for u in _plan(finished, "push_candidates=true")]
     assert targets == [f"{REPO}@01-midtrain", f"{REPO}@02-sft-lr0.001", f"{REPO}@02-sft-lr0.002", f"{REPO}@02-sft",
@@ -75,6 +77,7 @@ def test_revision_names(label, branch):
     assert modelcard.revision(label) == branch
 
 
+@pytest.mark.slow
 def test_the_lora_trained_final_model_goes_as_full_weights(finished):
     final = _plan(finished)[-1]
     assert StageRecord.read(finished[1] / "stages/02-sft").config["lora"]["r"] == 8
@@ -85,6 +88,7 @@ def test_the_lora_trained_final_model_goes_as_full_weights(finished):
     assert yaml.safe_load(final.card.split("---")[1])["library_name"] == "transformers"
 
 
+@pytest.mark.slow
 def test_the_cards_metadata_is_what_the_hub_reads(finished, tmp_path):
     """huggingface_hub's offline checks (the Hub's own validation, `ModelCard.validate`, needs the network): the
     YAML header parses (`metadata_load`), ModelCardData takes it, and `model-index` survives the round trip through
@@ -107,6 +111,7 @@ def test_the_cards_metadata_is_what_the_hub_reads(finished, tmp_path):
         assert str(root) not in upload.card  # no path of this machine
 
 
+@pytest.mark.slow
 def test_a_rerun_does_not_push_again(finished):
     """What `hub_pushes.json` holds with the same key is not pushed again: with everything recorded, `push` reaches
     no network (offline here, any call to the Hub would fail); `push_again` and a changed card push again."""
@@ -125,6 +130,7 @@ def test_a_rerun_does_not_push_again(finished):
         record.unlink()
 
 
+@pytest.mark.slow
 def test_no_token_in_any_file(finished):
     """The run had a token in its environment; its files, the cards written for a push and the record of pushes hold
     none of it."""

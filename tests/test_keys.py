@@ -207,6 +207,7 @@ MIXTURE_CHANGES = {"weight": {"weight": 0.25}, "seed": {"seed": 7}, "columns": {
                    "remove": {"remove": ["row "]}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", MIXTURE_CHANGES, ids=list(MIXTURE_CHANGES))
 def test_a_mixture_edit_changes_its_fingerprint_and_the_stage_fingerprint(tmp_path, change):
     """Finding 3: weight, seed and columns were in no fingerprint."""
@@ -222,6 +223,7 @@ def test_a_mixture_edit_changes_its_fingerprint_and_the_stage_fingerprint(tmp_pa
     assert fingerprints(path, cfg) != data and stage_fp(path) != stage
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["mixture", "data"])
 def test_a_moved_checkout_keeps_every_stage_fingerprint(tmp_path, setting):
     """A stage's settings that name a path (a mixture file, a data folder) key what they name, not where."""
@@ -255,6 +257,7 @@ def _base(tmp_path: Path, model: Path, *overrides: str) -> str:
                                          *overrides]))
 
 
+@pytest.mark.slow
 def test_the_base_fingerprint_is_the_checkpoint_and_template_contents_not_their_paths(tmp_path):
     """Finding 4: a local checkpoint and `model.chat_template` entered as path strings."""
     model, template = _model(tmp_path / "base"), tmp_path / "chat.jinja"
@@ -338,6 +341,7 @@ def test_swept_truncation_gets_its_own_reference_log_probs(tmp_path):
 
 # --- the tiny base model's cache folder ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["model.precision=bf16", "model.load_dtype=bf16",
                                       "model.attn_implementation=eager", "model.chat_template=chatml"])
 def test_the_tiny_base_is_keyed_by_the_model_settings_it_was_built_with(tmp_path, override):
@@ -356,6 +360,7 @@ def test_scoring_inputs_name_vllm_only_for_its_backend(tmp_path):
     assert "vllm" not in lmeval.scoring_inputs(EV, tasks)["libraries"]
 
 
+@pytest.mark.slow
 def test_the_plan_says_which_hub_sources_move(tmp_path):
     from pipeline.chain.plan import build, report
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, DynamicLayer, MistralConfig
 
@@ -30,6 +31,7 @@ def _decode(model, cache, steps: int) -> list[torch.Tensor]:
     return logits
 
 
+@pytest.mark.slow
 def test_logits_equal_the_dynamic_caches(tiny_base):
     model = AutoModelForCausalLM.from_pretrained(tiny_base).eval()
     cache = buffered_cache(model.config, 9 + 12)

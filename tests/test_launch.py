@@ -51,6 +51,7 @@ def _outcome(run: Path) -> dict:
     return json.loads((run / "outcome.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launch", [ONE, TWO], ids=["1-process", "2-processes"])
 def test_a_bad_key_exits_2_with_one_line(smol, launch):
     proc = subprocess.run([smol, *launch, "recipe=tiny", "sft.learnin_rate=3e-4"], cwd=ROOT, capture_output=True,
@@ -85,6 +86,7 @@ def test_an_unknown_accelerate_config_exits_2_with_one_line(capsys):
                                        "(cpu, ddp, zero2, zero3, zero3_offload)\n")
 
 
+@pytest.mark.slow
 def test_accelerate_launch_reports_a_bad_key_as_1():
     proc = run_cli("recipe=tiny", "sft.learnin_rate=3e-4", launcher=["accelerate", "launch"], timeout=300)
     assert proc.returncode == 1 and "CalledProcessError" in proc.stderr  # why smol-pipeline exists

@@ -24,6 +24,7 @@ def real_tokenizer_model(tmp_path_factory) -> Path:
     return smollm2_shrunk(tmp_path_factory.mktemp("smollm2"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny", "smollm2"])
 def test_scores_and_answers_equal_plain_lm_evals(model, tiny_base, real_tokenizer_model, tmp_path, monkeypatch):
     overrides = ["recipe=tiny", *FAST, "eval.tasks=[tiny_gsm_val,tiny_gsm]", "eval.limit=24", "eval.max_gen_toks=40",
@@ -55,6 +56,7 @@ def test_scores_and_answers_equal_plain_lm_evals(model, tiny_base, real_tokenize
         assert any(r["resps"][0][0].strip() for r in rows[0])  # the model wrote something to compare
 
 
+@pytest.mark.slow
 def test_greedy_until_only_where_it_gives_lm_evals_answers(tiny_base):
     """Sampling, other generation arguments, special-token stop sequences other than EOS and generation configs
     with logits processors keep lm-eval's own generation."""
@@ -77,6 +79,7 @@ def test_greedy_until_only_where_it_gives_lm_evals_answers(tiny_base):
     assert not lmeval_fast.plain_greedy(lm, stop, greedy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drift", ["lm_eval.utils.apply_template", "transformers.DynamicCache.batch_select_indices"])
 def test_a_changed_target_means_one_warning_and_stock_lm_eval(drift, tiny_base, tmp_path, monkeypatch, caplog):
     """A patched lm-eval function with other parameters, or a transformers method gone: stock lm-eval scores."""

@@ -93,6 +93,7 @@ def _record(run: Path, stage: str) -> dict:
     return json.loads((run / "stages" / stage / "stage.json").read_text())
 
 
+@pytest.mark.slow
 def test_each_stage_trains_from_the_previous_checkpoint_and_a_rerun_reuses_them(chain):
     code, run, fake = chain({"sft": 0.5, "midtrain": 0.75})
     assert code == 0
@@ -132,6 +133,7 @@ def test_a_significant_drop_against_the_previous_checkpoint_fails_its_gate(chain
     assert not verdict["passed"] and verdict["paired"]["diff"] == pytest.approx(-0.5)
 
 
+@pytest.mark.slow
 def test_a_redo_is_carried_out_once_and_makes_later_stages_stale_before_it_is_scored(chain):
     """redo=[sft]: a crash while scoring the redone sft leaves midtrain, trained from the replaced model, stale; the
     same command again (a requeue) scores sft without retraining it and retrains midtrain; a run without the redo
@@ -152,6 +154,7 @@ def test_a_redo_is_carried_out_once_and_makes_later_stages_stale_before_it_is_sc
     assert code == 0 and after.trained == [] and "redone" not in _record(run, "01-sft")
 
 
+@pytest.mark.slow
 def test_a_gate_that_cannot_see_warns_and_under_strict_gates_stops_with_exit_2(chain):
     # the base gets 0 of 40 right and sft 20: at the floor, but a significant gain is seen; midtrain changes no
     # answer, and its max_drop 0.01 is below what 40 problems can show
@@ -167,6 +170,7 @@ def test_a_gate_that_cannot_see_warns_and_under_strict_gates_stops_with_exit_2(c
     assert code == 2 and [name for name, _ in fake.trained] == ["sft", "midtrain"]  # known once midtrain is judged
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_weights_takes_their_scores_from_the_cache(chain):
     code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
     assert code == 0
@@ -177,6 +181,7 @@ def test_a_second_run_on_the_same_weights_takes_their_scores_from_the_cache(chai
     assert (other / "pipeline.log").read_text().count("scores reused: the same weights were scored the same way") == 3
 
 
+@pytest.mark.slow
 def test_after_a_sweep_the_next_stage_is_judged_on_the_gate_half_only(chain):
     # the sweep picks sft's learning rate on the even doc_ids; its pick (21 of 40 right: doc_ids 0-20, 11 even and
     # 10 odd) scores above its gate-half value there, so midtrain (30 right: 15 odd) is judged on the odd ones
@@ -192,6 +197,7 @@ def test_after_a_sweep_the_next_stage_is_judged_on_the_gate_half_only(chain):
     assert code == 0 and plain["paired"]["n"] == N and plain["previous"]["value"] == 0.525
 
 
+@pytest.mark.slow
 def test_an_unreadable_record_is_refused_naming_it_and_never_retrained(chain, capsys):
     code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
     assert code == 0
@@ -212,6 +218,7 @@ def test_an_unreadable_record_is_refused_naming_it_and_never_retrained(chain, ca
     assert code == 2 and requeued.trained == []  # was carried out, so midtrain's unreadable record is refused
 
 
+@pytest.mark.slow
 def test_a_resume_on_another_world_size_is_refused_naming_both(chain, capsys):
     code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
     assert code == 0
@@ -233,6 +240,7 @@ def test_a_resume_on_another_world_size_is_refused_naming_both(chain, capsys):
     assert code == 0 and [name for name, _ in again.trained] == ["sft", "midtrain"]
 
 
+@pytest.mark.slow
 def test_an_unreadable_score_cache_entry_is_scored_anew_with_a_warning(chain):
     code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
     assert code == 0

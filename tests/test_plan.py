@@ -29,6 +29,7 @@ def _plan(*args: str) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_smol_plan_offline_lists_stages_sweep_data_and_estimates(tmp_path):
     args = ("recipe=smol", f"output_root={tmp_path}")
     cfg = load_config(list(args))
@@ -88,6 +89,7 @@ def test_parameter_counts_match_transformers(name):
     assert param_count(fields) == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_tiny_plan_and_an_existing_run_planned_by_the_orchestrator(tmp_path, cache_dir, tiny_base):
     args = ["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft,midtrain,dpo]"]
     plan = _plan(*args)

@@ -136,6 +136,7 @@ def toy_run(tmp_path_factory):
     return loop.train()
 
 
+@pytest.mark.slow
 def test_toy_task_is_learned(toy_run):
     rewards = [h["reward_mean"] for h in toy_run["history"]]
     assert rewards[0] < 0.3
@@ -155,6 +156,7 @@ def test_first_minibatch_ratio_is_one_and_kl_is_zero_against_the_same_weights(to
     assert any(h["kl"] != 0 for h in toy_run["history"][1:])
 
 
+@pytest.mark.slow
 def test_resume_continues_where_the_checkpoint_left(tmp_path):
     torch.set_num_threads(2)
     args = toy_args(max_steps=4, save_steps=2)
@@ -196,6 +198,7 @@ def _two_process_main(out: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_two_processes_share_statistics(tmp_path):
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

@@ -83,6 +83,7 @@ def _wait_then_report(queue) -> None:
     time.sleep(5)
 
 
+@pytest.mark.slow
 def test_processes_started_shielded_survive_the_stop_signals_and_the_run_still_gets_them(handlers):
     """As a vLLM engine core, which Slurm's `scancel --signal` and a terminal's Ctrl-C reach too."""
     ctx = multiprocessing.get_context("spawn")

@@ -17,6 +17,7 @@ from pipeline.data import prep
 from pipeline.errors import ConfigError
 
 
+@pytest.mark.slow
 def test_a_cache_folder_that_never_appears_stops_the_wait_with_its_name(tmp_path):
     folder = tmp_path / "tokenized" / "abc"
     started = time.monotonic()
@@ -135,6 +136,7 @@ def _two_ranks(rank: int, port: int, out: str) -> None:
         json.dump(said, fh)
 
 
+@pytest.mark.slow
 def test_a_rank_that_differs_stops_every_rank_with_one_message(tmp_path):
     import json
     import socket

@@ -62,6 +62,7 @@ def test_an_empty_run_folder_trains_every_stage_and_fingerprints_chain(tmp_path)
     assert [d.fingerprint for d in _decide(root)] == [d.fingerprint for d in decisions]  # the same every time
 
 
+@pytest.mark.slow
 def test_finished_stages_with_the_same_fingerprints_are_reused(done):
     assert _actions(done) == ["reuse", "reuse", "reuse"]
 
@@ -74,6 +75,7 @@ def test_a_changed_finished_stage_is_refused_with_what_changed(done):
     assert "midtrain.learning_rate: 2e-05 -> 3e-05" in message and "redo=[midtrain]" in message
 
 
+@pytest.mark.slow
 def test_a_change_upstream_changes_every_fingerprint_after_it(tmp_path):
     root = tmp_path / "smol"
     before = _decide(root)
@@ -104,6 +106,7 @@ def test_redo_retrains_the_stage_and_every_stage_after_it(done):
     assert _actions(done, "sft.learning_rate=3e-5", "redo=[sft]") == ["train", "train", "train"]
 
 
+@pytest.mark.slow
 def test_an_interrupted_stage_resumes_and_the_stages_after_it_retrain(done):
     _record(_decide(done)[1], status="running", model=False)
     assert _actions(done) == ["reuse", "resume", "train"]
@@ -124,6 +127,7 @@ RESUMABLE = ["sft.logging_steps=7", "sft.save_steps=15", "sft.nonfinite_limit=3"
              "sft.logging_first_step=false", "sft.dataloader_num_workers=2"]
 
 
+@pytest.mark.slow
 def test_settings_a_resume_may_change_leave_every_fingerprint_as_it_was(tmp_path):
     root = tmp_path / "smol"
     before = _decide(root)
@@ -150,6 +154,7 @@ def test_the_help_marks_the_settings_a_resume_may_change():
     assert "[a resume may change it]" not in lines["sft.learning_rate"]
 
 
+@pytest.mark.slow
 def test_a_redo_is_carried_out_once(done):
     """A requeue repeats the command line: the stage the redo retrained resumes (or is reused), not redone."""
     sft = _decide(done)[0]
@@ -163,6 +168,7 @@ def test_a_redo_is_carried_out_once(done):
     assert _actions(done, "redo=[sft]", "sft.learning_rate=3e-5") == ["train", "train", "train"]
 
 
+@pytest.mark.slow
 def test_a_stage_after_a_retrained_one_trains_afresh_even_if_interrupted(done):
     """Its checkpoints were trained from the model being replaced: resuming them would mix the two."""
     _record(_decide(done)[1], status="running", model=False)
@@ -170,11 +176,13 @@ def test_a_stage_after_a_retrained_one_trains_afresh_even_if_interrupted(done):
     assert _actions(done, "redo=[midtrain]") == ["reuse", "train", "train"]  # asked for: from scratch
 
 
+@pytest.mark.slow
 def test_a_trained_but_unscored_stage_is_scored_without_retraining_what_follows(done):
     _record(_decide(done)[0], status="trained")
     assert _actions(done) == ["evaluate", "reuse", "reuse"]
 
 
+@pytest.mark.slow
 def test_a_finished_stage_without_its_model_folder_retrains_with_every_stage_after_it(done):
     midtrain = _decide(done)[1]
     (midtrain.dir / "model").rmdir()

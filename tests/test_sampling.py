@@ -3,6 +3,7 @@ gradient-accumulation micro-batches (transformers' BatchRebalanceSampler), throu
 
 from __future__ import annotations
 
+import pytest
 from conftest import FAST
 from trl import SFTTrainer
 
@@ -13,6 +14,7 @@ from pipeline.stages.sft import sft_args
 from pipeline.train.models import load_model, load_tokenizer
 
 
+@pytest.mark.slow
 def test_batch_rebalance_sorts_each_steps_rows_into_its_micro_batches(tiny_base, cache_dir, tmp_path):
     cfg = load_config(["recipe=tiny", f"cache_dir={cache_dir}", *FAST, "sft.train_sampling_strategy=batch_rebalance",
                        "sft.per_device_train_batch_size=8", "sft.gradient_accumulation_steps=2"])

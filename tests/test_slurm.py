@@ -50,6 +50,7 @@ def test_pipeline_sbatch_runs_the_tiny_recipe_on_two_processes(slurm, tiny_base,
     print(f"slurm pipeline.sbatch: {time.time() - t0:.1f} s")
 
 
+@pytest.mark.slow
 def test_a_job_exits_with_the_pipelines_own_code_and_its_log_holds_no_secret(slurm, tmp_path):
     planted = "hf_planted0secret0value"
     proc = sk.run(slurm, "timeout", "300", "sbatch", "--wait", *sk.resources(tmp_path), "slurm/pipeline.sbatch",
@@ -139,6 +140,7 @@ def test_preempted_job_saves_requeues_itself_and_resumes(slurm, tiny_base, tmp_p
     print(f"slurm preemption: {time.time() - t0:.1f} s")
 
 
+@pytest.mark.slow
 def test_one_candidate_option_is_checked_and_leaves_the_fingerprint_alone():
     from pipeline.config import ConfigError, load_config, stage_section
 

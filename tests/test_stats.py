@@ -120,6 +120,7 @@ def _error(n: int, up: float, down: float, threshold: float, above: bool) -> flo
     return float(np.sum(prob[score_p(g, lo, n, threshold, above) < ALPHA]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rate", (0.01, 0.1, 0.5, 0.9))
 def test_the_gates_one_sided_error_is_their_alpha(rate):
     """Exact (every table weighed by its probability, no Monte Carlo luck): the chance that `superior` passes an
@@ -141,6 +142,7 @@ def test_the_gates_one_sided_error_is_their_alpha(rate):
         assert max(worst)[0] > ALPHA / 2, max(worst)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", (50, 150, 500, 1319))
 def test_the_interval_covers_the_true_change_within_a_band(n):
     """Exact coverage of the 95% interval: at least 95% everywhere; at most 98% where 15 or more problems are

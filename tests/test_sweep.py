@@ -145,6 +145,7 @@ def test_a_candidate_without_the_metric_ranks_last(tmp_path):
     assert trained.metrics["candidates"][0][METRIC] == float("-inf")
 
 
+@pytest.mark.slow
 def test_a_sweep_of_one_candidate_needs_no_gate_metric(tmp_path):
     with pytest.raises(ConfigError, match="picks its model among 4 sweep candidate"):
         _ctx(tmp_path, "dpo.gate.metric=")

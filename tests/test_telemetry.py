@@ -63,6 +63,7 @@ def test_memory_alert_on_one_rank_stops_every_rank_with_its_own_code_and_the_adv
     assert json.loads(record.read_text())["status"] == "done"
 
 
+@pytest.mark.slow
 def test_step_breakdown_of_a_packed_stage(tmp_path, cache_dir, tiny_base):
     """A packed SFT stage records forward, backward, optimizer, data, eval and save times that add up."""
     proc = subprocess.run([sys.executable, str(ROOT / "pipeline/run.py"), "recipe=tiny", f"output_root={tmp_path}",
@@ -79,6 +80,7 @@ def test_step_breakdown_of_a_packed_stage(tmp_path, cache_dir, tiny_base):
     assert m["padding_fraction"] < 0.15  # rows of several chats, padded to the longest row (measured 0.08)
 
 
+@pytest.mark.slow
 def test_full_numel_counts_zero3_shards(tmp_path, monkeypatch):
     """Under ZeRO-3 a rank holds empty parameters; MFU's count still sees the whole model."""
     import deepspeed  # a dependency of the project: its absence is a failure, not a skip

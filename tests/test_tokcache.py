@@ -50,6 +50,7 @@ def log(caplog):
     logger.removeHandler(caplog.handler)
 
 
+@pytest.mark.slow
 def test_miss_then_hit_without_tokenising_again(setup, tmp_path, tokenise_calls, log):
     cfg, tok, rows = setup
     first = tokcache.tokenised(rows, cfg.sft, tok, tmp_path, "01-sft")
@@ -63,6 +64,7 @@ def test_miss_then_hit_without_tokenising_again(setup, tmp_path, tokenise_calls,
     assert second.column_names == ["input_ids", "assistant_masks"] and second.to_dict() == first.to_dict()
 
 
+@pytest.mark.slow
 def test_changed_max_length_tokenizer_template_or_rows_miss(setup, tmp_path, tokenise_calls):
     cfg, tok, rows = setup
     tokcache.tokenised(rows, cfg.sft, tok, tmp_path, "sft")
@@ -81,6 +83,7 @@ def test_changed_max_length_tokenizer_template_or_rows_miss(setup, tmp_path, tok
     assert len(list((tmp_path / "tokenized").iterdir())) == 1 + len(changes)
 
 
+@pytest.mark.slow
 def test_cached_tokens_and_masks_are_what_trl_produces(setup, tmp_path, tiny_base):
     cfg, tok, rows = setup
     ours = tokcache.tokenised(rows, cfg.sft, tok, tmp_path, "sft")
@@ -93,6 +96,7 @@ def test_cached_tokens_and_masks_are_what_trl_produces(setup, tmp_path, tiny_bas
     assert all(0 < sum(mask) < len(mask) for mask in ours["assistant_masks"])
 
 
+@pytest.mark.slow
 def test_training_loss_with_the_cache_equals_trl_tokenising_itself(setup, tmp_path, tiny_base):
     cfg, tok, rows = setup
     cached = train(cfg.sft, cfg.model, tiny_base, tok, rows, tmp_path / "cached", cfg.seed, tmp_path / "cache")

@@ -80,6 +80,7 @@ def test_a_tracker_whose_package_is_missing_exits_2_before_anything_runs(tracker
     assert not list(tmp_path.iterdir())  # refused before the run folder is made
 
 
+@pytest.mark.slow
 def test_smol_pipeline_refuses_a_missing_tracker_in_one_line(tmp_path):
     """Through the real command (the launcher checks the config before it launches), with a tracker whose package
     this environment really lacks."""

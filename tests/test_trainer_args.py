@@ -98,6 +98,7 @@ def test_pass_through_values_reach_the_built_trl_config(tmp_path):
     assert dpo.label_smoothing == pytest.approx(0.1) and dpo.beta == pytest.approx(cfg.dpo.beta)
 
 
+@pytest.mark.slow
 def test_unknown_field_exits_2_with_a_suggestion(tmp_path):
     proc = run_cli("recipe=tiny", "sft.neftune_nosie_alpha=5", f"output_root={tmp_path}", timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -124,6 +125,7 @@ def test_a_value_trl_refuses_is_one_clear_error_before_the_run():
     assert "bad value in 'dpo': TRL's DPOConfig refuses it: adamw_nope is not one of ['adamw_torch', " in str(err.value)
 
 
+@pytest.mark.slow
 def test_fingerprints_of_unchanged_settings_are_those_of_earlier_run_folders():
     """Each shipped recipe's stages hash as they did before stage kinds registered themselves and took TRL's names
     (values computed at 5165523). The smollm3 DPO stage sweeps one setting: its old sweep held a null for the other,

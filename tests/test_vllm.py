@@ -113,6 +113,7 @@ def test_vllm_missing_is_one_line_naming_the_extra(tmp_path, monkeypatch):
         preflight.vllm(cfg)
 
 
+@pytest.mark.slow
 def test_a_model_vllm_cannot_serve_is_refused_by_name(smollm2, tmp_path):
     model = tmp_path / "odd"
     model.mkdir()
@@ -127,6 +128,7 @@ def test_ppo_on_vllm_is_refused_with_the_reason():
         load_config(["recipe=tiny", "stages=[sft,ppo]", "ppo.enabled=true", "ppo.mixture=tiny_rl", "ppo.backend=vllm"])
 
 
+@pytest.mark.slow
 def test_grpo_on_vllm_uses_trls_colocated_engine(tmp_path):
     def args(backend: str, *more: str):
         cfg = load_config(["recipe=tiny", "stages=[sft,grpo]", "grpo.mixture=tiny_rl", f"grpo.backend={backend}",

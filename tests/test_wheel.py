@@ -131,7 +131,9 @@ def quickstart() -> list[list[str]]:
 def test_the_quickstart_is_two_blocks_whose_last_commands_the_tests_run():
     first, second = quickstart()  # exactly two
     assert first[-1] == "smol-pipeline recipe=tiny"  # what tiny_chain runs, from the installed wheel
-    assert second[-1] == (ROOT / ".ci/run").read_text().strip().splitlines()[-1]  # what CI runs
+    ci = [line.split(" || ")[0] for line in (ROOT / ".ci/run").read_text().splitlines()]
+    assert second[-1] == 'python -m pytest -q -m "not slow"' and second[-1] in ci  # the fast tier, which CI runs
+    assert ci.index(second[-1]) < ci.index("python -m pytest -q -m slow")  # then the slow tier
 
 
 @pytest.fixture(scope="module")
