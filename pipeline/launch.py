@@ -15,8 +15,9 @@ too, before the launcher's own messages.
 
 `--config_file NAME` names a shipped accelerate config (`pipeline/recipes/accelerate/NAME.yaml`, e.g. zero3)
 wherever the package is installed; a path works as with `accelerate launch`. A DeepSpeed JSON that a config names
-by a path relative to the config's own folder (the shipped ones do) goes to accelerate as `--deepspeed_config_file`
-with its absolute path, unless given, so a launch works from any directory.
+by a relative path, found beside the config or from the folder holding the package (the shipped configs name theirs
+from the checkout's root), goes to accelerate as `--deepspeed_config_file` with its absolute path, unless given, so
+a launch works from any directory.
 
 SIGTERM and SIGUSR1 sent to this launcher are passed on to the pipeline processes (which save a
 checkpoint and exit 75), and the launcher waits for them: torch elastic is told to leave SIGTERM and SIGINT
@@ -73,9 +74,10 @@ def config_path(name: str) -> Path:
 
 def config_options(name: str, deepspeed_file: str | None) -> list[str]:
     """Launch options that make accelerate config `name` work from any directory: `--config_file` with its path,
-    and `--deepspeed_config_file` with the absolute path of the DeepSpeed JSON the config names relative to its own
-    folder (unless `deepspeed_file` was given); a JSON not found there is left to accelerate, which reads it from
-    the working directory."""
+    and `--deepspeed_config_file` with the absolute path of the DeepSpeed JSON the config names by a relative path
+    (unless `deepspeed_file` was given), found beside the config or else from the folder holding the `pipeline`
+    package (the shipped configs name theirs from the checkout's root, where plain `accelerate launch` finds them
+    too); a JSON found in neither is left to accelerate, which reads it from the working directory."""
     import yaml
 
     path = config_path(name)
@@ -85,9 +87,9 @@ def config_options(name: str, deepspeed_file: str | None) -> list[str]:
         raise ConfigError(f"--config_file {path} does not read as an accelerate config: {err}") from err
     deepspeed = config.get("deepspeed_config") if isinstance(config, dict) else None
     named = deepspeed.get("deepspeed_config_file") if isinstance(deepspeed, dict) else None
-    beside = path.parent / str(named)
-    if deepspeed_file is None and named and beside.is_file():
-        return ["--config_file", str(path), "--deepspeed_config_file", str(beside.resolve())]
+    found = [p for p in (path.parent / str(named), RUN_SCRIPT.parents[1] / str(named)) if named and p.is_file()]
+    if deepspeed_file is None and found:
+        return ["--config_file", str(path), "--deepspeed_config_file", str(found[0].resolve())]
     return ["--config_file", str(path)]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, run_cli
+from conftest import FAST, ROOT, run_cli
 from transformers import AutoModelForCausalLM
 
 from pipeline.runfolder import StageRecord
@@ -97,3 +97,18 @@ def test_ppo_under_deepspeed_is_refused_before_any_work(tmp_path, cache_dir):
     message = proc.stderr.strip().splitlines()[-1]
     assert message.startswith("error: stage 'ppo' does not run under DeepSpeed") and "--config_file ddp" in message
     assert not (tmp_path / "tiny").exists()
+
+
+def test_plain_accelerate_launch_runs_a_shipped_deepspeed_config_from_the_checkout(tmp_path, cache_dir):
+    """The design card's line, `accelerate launch --config_file pipeline/recipes/accelerate/zero2.yaml ...
+    pipeline/run.py`, from the checkout's root: accelerate itself finds the JSON the config names (the other way,
+    `smol-pipeline --config_file zero2` from another folder, is the chain test's)."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file",
+         "pipeline/recipes/accelerate/zero2.yaml", "--num_processes", "2", "pipeline/run.py", "recipe=tiny",
+         f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft]", "sft.max_steps=2",
+         "eval.tasks=[]", "base_eval.tasks=[]", "sft.gate.metric="],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    m = _record(tmp_path / "tiny", "01-sft")["metrics"]
+    assert (m["world_size"], m["distributed_type"], m["zero_stage"]) == (2, "DEEPSPEED", 2)

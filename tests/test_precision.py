@@ -152,3 +152,21 @@ def test_weights_load_in_fp32_unless_deepspeed_or_asked(micro):
 def test_gpu_only_settings_are_refused_on_cpu(refused, message):
     with pytest.raises(ConfigError, match=message):
         refused()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU's bf16")
+@pytest.mark.parametrize("machine, native, setting, warned", [
+    ("x86_64", False, "bf16", True), ("x86_64", True, "bf16", False), ("x86_64", False, "fp32", False),
+    ("x86_64", False, "auto", False), ("aarch64", False, "bf16", False)])
+def test_bf16_on_a_cpu_that_emulates_it_is_a_warning_at_start(machine, native, setting, warned, monkeypatch, caplog):
+    from pipeline.chain import preflight
+
+    monkeypatch.setattr(precision.platform, "machine", lambda: machine)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    cfg = OmegaConf.create({"model": {"precision": setting}, "stages": []})
+    preflight.device_settings(cfg)
+    said = [r.getMessage() for r in caplog.records if "emulates bf16" in r.getMessage()]
+    assert said == (["model.precision=bf16 on a CPU without bf16 instructions (avx512_bf16, AMX): torch emulates bf16 "
+                     "products, about 15x slower than fp32 here; model.precision=fp32 trains faster on this machine"]
+                    if warned else [])

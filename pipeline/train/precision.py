@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import platform
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,6 +50,15 @@ def mixed_precision(precision: str) -> str:
     if precision == "fp16" and not cuda:
         raise ConfigError("model.precision=fp16 needs a CUDA GPU (loss scaling); on CPU use bf16 or fp32")
     return "no" if precision == "fp32" else precision
+
+
+def emulated_bf16(precision: str) -> bool:
+    """Whether `precision` trains under bf16 autocast on an x86 CPU without native bf16 products (neither
+    avx512_bf16 nor AMX), where torch emulates them: on 2 AVX2 cores SmolLM2-135M's SFT ran at 6 tokens/s under
+    bf16 against 89 in fp32."""
+    return (mixed_precision(precision) == "bf16" and not torch.cuda.is_available()
+            and platform.machine().lower() in ("x86_64", "amd64")
+            and not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()))
 
 
 def trainer_flags(precision: str) -> dict:
