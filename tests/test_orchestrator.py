@@ -270,3 +270,26 @@ def test_a_run_that_lost_its_lock_stops_before_its_next_write_with_exit_6(chain,
     assert f"error: lost the lock {run / '.lock'} to pid 4242 on node-b" in said
     assert _record(run, "01-sft")["status"] == "done" and _record(run, "02-midtrain")["status"] == "running"
     assert not (run / "outcome.json").exists() and json.loads((run / ".lock").read_text()) == taker
+
+
+@pytest.mark.slow
+def test_a_reorder_that_would_retrain_a_finished_stage_is_refused_until_redo_names_it(chain, capsys):
+    """Stage folders are named by position: a chain reordered before a stage that keeps its place gives it a new
+    input. Its finished model is never retrained, nor its files removed, without redo=."""
+    third = ["sft2.kind=sft", "sft2.mixture=tiny_sft", "sft2.max_steps=3", "sft2.gate.action=warn",
+             f"sft2.gate.metric={GATE}"]
+    scores = {"sft": 0.5, "midtrain": 0.75, "sft2": 0.75}
+    code, run, _ = chain(scores, "stages=[sft,midtrain,sft2]", *third)
+    assert code == 0
+    before = {p: p.read_bytes() for p in (run / "stages/03-sft2").rglob("*") if p.is_file()}
+    code, _, fake = chain(scores, "stages=[midtrain,sft,sft2]", *third)
+    assert code == 2 and fake.trained == [] and fake.scored == []
+    said = capsys.readouterr().err
+    assert ("error: stage 03-sft2 already finished with a different config (its input model); settings a resume may "
+            "change are marked in help=true; to retrain it and every stage after it add redo=[sft2]") in said
+    assert {p: p.read_bytes() for p in (run / "stages/03-sft2").rglob("*") if p.is_file()} == before
+    assert not (run / "stages/01-midtrain").exists()
+    code, _, redone = chain(scores, "stages=[midtrain,sft,sft2]", "redo=[sft2]", *third)  # the way out it names
+    assert code == 0 and [name for name, _ in redone.trained] == ["midtrain", "sft", "sft2"]
+    code, _, again = chain(scores, "stages=[sft,midtrain]", *third)  # the first two are still the first run's
+    assert code == 0 and again.trained == []

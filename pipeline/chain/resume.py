@@ -3,11 +3,13 @@
 A stage's fingerprint hashes what it trains (`config.training_view`: its settings without those a resume may
 change, such as logging and saving cadence), its data, its seed and everything upstream. A finished stage with
 the same fingerprint is reused, an interrupted one resumed from its last checkpoint. A finished or interrupted
-stage whose fingerprint changed is refused, naming the changed settings, unless the user asks to redo it;
-nothing finished is discarded without that. Redoing a stage redoes every stage after it, from scratch (an
-interrupted one's checkpoints came from the model being replaced). A redo is carried out once: the stage's
-record remembers it (`redone`), so a requeue of the same command resumes the redone stage instead of starting
-it again; a run without the redo forgets it. Every rank decides the same way.
+stage whose fingerprint changed is refused, naming the changed settings, unless the user asks to redo it or a
+stage before it, whatever changed it: an edit, or a stage inserted or moved before it (a stage that trains in
+this run gives every stage after it a new input); nothing finished is discarded without that. Redoing a stage
+redoes every stage after it, from scratch (an interrupted one's checkpoints came from the model being replaced).
+A redo is carried out once: the stage's record remembers it (`redone`), so a requeue of the same command resumes
+the redone stage instead of starting it again; a run without the redo forgets it. Every rank decides the same
+way.
 """
 
 from __future__ import annotations
@@ -133,13 +135,19 @@ def refuse_other_world(where: str, name: str, record: StageRecord, world_size: i
                       f"redo=[{name}] to train it anew on {world_size}")
 
 
-def _action(decision: StageDecision, record: StageRecord, forced: bool, config: dict, schema: type) -> str:
-    """`decision.redo`: the user asks to retrain this stage; `forced`: an earlier stage trains in this run."""
-    if decision.redo or forced:
+def _action(decision: StageDecision, record: StageRecord, forced: bool, redone: bool, config: dict,
+            schema: type) -> str:
+    """`decision.redo`: the user asks to retrain this stage; `forced`: an earlier stage trains in this run;
+    `redone`: an earlier stage is one the user asked to redo (which retrains every stage after it)."""
+    if decision.redo:
         return "train"
     if finished(record, decision.dir) or record.status == "running":
         if record.fingerprint != decision.fingerprint:
-            raise _refuse_changed(decision, record, config, schema)
+            if forced and redone:
+                return "train"
+            raise _refuse_changed(decision, record, config, schema)  # an edit, a reorder or an inserted stage
+        if forced:
+            return "train"  # its input is trained anew in this run (its model was missing)
         if record.status == "running":
             return "resume"
         done = record.status == "done" and record.eval_fingerprint == decision.eval_fingerprint
@@ -150,7 +158,7 @@ def _action(decision: StageDecision, record: StageRecord, forced: bool, config: 
 def decide(cfg: DictConfig, root: Path, world_size: int | None = None) -> list[StageDecision]:
     """Per enabled stage: reuse, re-evaluate, resume or train; refuse changed finished stages, and a resume on
     another `world_size` than the interrupted attempt's (when given)."""
-    upstream, forced, out = base_fingerprint(cfg), False, []
+    upstream, forced, redone, out = base_fingerprint(cfg), False, False, []  # redone: an earlier stage redone now
     tasks_dir = RunPaths(root).eval_tasks
     for i, name in enumerate([n for n in cfg.stages if cfg[n].enabled], 1):
         sources = [fp for mix in data.stage_mixtures(cfg, name) for fp in data.fingerprints(mix, cfg)]
@@ -160,15 +168,16 @@ def decide(cfg: DictConfig, root: Path, world_size: int | None = None) -> list[S
         fp = keys.key({"inputs": inputs, "config": trains})
         shared = {k: v for k, v in trains.items() if k not in (*PER_CANDIDATE, *swept(cfg[name]))}
         prepared = keys.key({"inputs": inputs, "config": shared})
-        record = StageRecord.read(stage_dir(root, i, name), strict=not (forced or name in cfg.redo))  # else retrained
+        record = StageRecord.read(stage_dir(root, i, name), strict=not (redone or name in cfg.redo))  # else retrained
         redo = name in cfg.redo and not (record.redone and record.fingerprint == fp)  # a redo is carried out once
         decision = StageDecision(i, name, stage_dir(root, i, name), fp, upstream,
                                  eval_fingerprint(fp, evaluate.settings(cfg, name), tasks_dir), "", sources, inputs,
                                  redo, prepared, grid(cfg[name]) if sweeps(cfg[name]) else [])
-        decision.action = _action(decision, record, forced, config, schema)
+        decision.action = _action(decision, record, forced, redone, config, schema)
         if decision.action == "resume" and not sweeps(cfg[name]) and checkpointed(decision.dir):
             refuse_other_world(f"stage {decision.dir.name}", name, record, world_size, cfg[name])
         forced = forced or decision.action in ("train", "resume")
+        redone = redone or (name in cfg.redo and decision.action in ("train", "resume"))  # not once carried out
         out.append(decision)
         upstream = fp
     return out
