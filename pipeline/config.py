@@ -26,7 +26,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from pipeline import extension as extensions
 from pipeline import recipe_files, redact
 from pipeline.data import sources
-from pipeline.errors import ConfigError  # noqa: F401 - where the modules that load a config find it
+from pipeline.errors import ConfigError
 from pipeline.recipe_files import RECIPES_DIR, available_recipes, yaml_problem  # noqa: F401 - found here too
 from pipeline.settings import RUN_OWNED, EvalConfig, StageKind, StageSettings, arg, declared
 from pipeline.stages import kinds

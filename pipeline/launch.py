@@ -129,7 +129,7 @@ def one_process(args: object) -> None:
 
 def log_hint(recipe: list[str]) -> str:
     """`; log: <run>/pipeline.log` for the run these recipe arguments name, when that log exists."""
-    from pipeline.config import ConfigError, load_config
+    from pipeline.config import load_config
     from pipeline.runfolder import RunPaths
 
     try:

@@ -11,8 +11,8 @@ from realmodel import smollm2_checkpoint
 from transformers import AutoTokenizer
 from trl.data_utils import _tokenize
 
-from pipeline.config import ConfigError
 from pipeline.data import chat
+from pipeline.errors import ConfigError
 from pipeline.tiny.model import CHAT_TEMPLATE
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,8 +9,9 @@ import sys
 import pytest
 from conftest import ROOT
 
-from pipeline.config import ConfigError, available_recipes, kind_of, load_config, stage_names
+from pipeline.config import available_recipes, kind_of, load_config, stage_names
 from pipeline.data.mixtures import load_spec, stage_mixtures
+from pipeline.errors import ConfigError
 
 CASES = [
     (["sft.learnin_rate=3e-4"], "unknown config key 'sft.learnin_rate'", "did you mean 'sft.learning_rate'"),

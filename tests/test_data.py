@@ -12,8 +12,9 @@ import pytest
 from conftest import ROOT
 from omegaconf import OmegaConf
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import load_config
 from pipeline.data.mixtures import fingerprints, load_mixture, normalise
+from pipeline.errors import ConfigError
 from pipeline.tiny.data import ITEMS, NAMES, build_splits
 
 GSM8K = ROOT / "tests" / "fixtures" / "gsm8k" / "train.jsonl"  # GSM8K's first 508 train rows, shipped

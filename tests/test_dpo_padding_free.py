@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
 
 
 def test_dpo_padding_free_is_refused():

@@ -12,7 +12,8 @@ import pytest
 from conftest import ROOT
 
 from pipeline.chain.preflight import eval_tasks, gate_metrics
-from pipeline.config import ConfigError, load_config
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
 from pipeline.evaluation import stats, verifiers
 from pipeline.evaluation.gates import judge
 from pipeline.evaluation.lmeval import expected_metrics, run_eval, settings, write_tasks

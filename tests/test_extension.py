@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import load_config
 from pipeline.data.mixtures import load_mixture
+from pipeline.errors import ConfigError
 from pipeline.evaluation.lmeval import write_tasks
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ from safetensors import safe_open
 
 from pipeline import redact
 from pipeline.chain import preflight
-from pipeline.config import ConfigError, load_config
-from pipeline.errors import BAD_INPUT
+from pipeline.config import load_config
+from pipeline.errors import BAD_INPUT, ConfigError
 from pipeline.evaluation.lmeval import write_tasks
 from pipeline.files import write_json
 from pipeline.report import hub, modelcard

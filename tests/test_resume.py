@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.chain.resume import StageDecision, base_fingerprint, decide
-from pipeline.config import ConfigError, load_config, stage_section
+from pipeline.config import load_config, stage_section
+from pipeline.errors import ConfigError
 from pipeline.runfolder import StageRecord, earlier_stage_model, finished
 
 # the smol recipe: three enabled stages (sft, midtrain, dpo), a loaded base model and Hub data, so deciding

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.chain import sweep
-from pipeline.config import ConfigError, grid, load_config, sweeps
+from pipeline.config import grid, load_config, sweeps
+from pipeline.errors import ConfigError
 from pipeline.runfolder import StageContext, StageRecord, candidate_dir
 
 METRIC = "gsm8k_local_val/exact_match,flexible-extract"  # the smol recipe's dpo gate metric

@@ -16,7 +16,8 @@ from conftest import ROOT, missing
 from realmodel import smollm2_checkpoint
 
 from pipeline.chain import preflight
-from pipeline.config import ConfigError, load_config
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
 from pipeline.evaluation.lmeval import run_eval, settings, write_tasks
 from pipeline.generation import engines
 from pipeline.generation.onpolicy import on_policy_pairs

@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from pipeline import extension, keys
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 
 log = logging.getLogger("pipeline")
 HUB_TIMEOUT_S = 15  # how long the preflight waits for the Hub to say whether a model exists

@@ -23,8 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain import revisions
 from pipeline.chain.basemodel import architecture
-from pipeline.config import ConfigError, grid, kind_of, sweeps
+from pipeline.config import grid, kind_of, sweeps
 from pipeline.data.mixtures import load_spec, source_name, stage_mixtures
+from pipeline.errors import ConfigError
 from pipeline.evaluation import power
 from pipeline.keys import pinned, resolved, use_pins
 from pipeline.runfolder import RunPaths, model_dir, run_dir, stage_dir

@@ -23,19 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import keys
 from pipeline.chain.basemodel import base_settings
-from pipeline.config import (
-    ConfigError,
-    EvalConfig,
-    ModelConfig,
-    fingerprint_view,
-    grid,
-    stage_section,
-    sweeps,
-    swept,
-    training_view,
-)
+from pipeline.config import EvalConfig, ModelConfig, fingerprint_view, grid, stage_section, sweeps, swept, training_view
 from pipeline.data import mixtures as data
 from pipeline.data.chat import template_text
+from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.runfolder import FINISHED, RunPaths, StageRecord, checkpointed, finished, stage_dir
 

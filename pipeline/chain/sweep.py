@@ -30,7 +30,8 @@ from omegaconf import OmegaConf
 from pipeline import keys, redact
 from pipeline.chain import merge
 from pipeline.chain.resume import refuse_other_world
-from pipeline.config import ConfigError, stage_section, swept, training_view
+from pipeline.config import stage_section, swept, training_view
+from pipeline.errors import ConfigError
 from pipeline.evaluation import stats
 from pipeline.files import atomic_dir
 from pipeline.runfolder import (

@@ -33,8 +33,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError
 from pipeline.data.formats import tool_name
+from pipeline.errors import ConfigError
 
 CHATML = (
     "{%- for message in messages -%}"

@@ -41,9 +41,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline import extension, keys
-from pipeline.config import MIXTURES_DIR, ConfigError, explain_error, kind_of, yaml_problem
+from pipeline.config import MIXTURES_DIR, explain_error, kind_of, yaml_problem
 from pipeline.data import sources as data_sources
 from pipeline.data.formats import TARGETS, of_row, tool_name
+from pipeline.errors import ConfigError
 from pipeline.settings import Data
 
 ROLES = ("system", "user", "assistant", "tool")

@@ -24,9 +24,9 @@ import datasets
 import pyarrow as pa
 
 from pipeline import keys
-from pipeline.config import ConfigError
 from pipeline.data import chat, prep
 from pipeline.data.mixtures import source_name
+from pipeline.errors import ConfigError
 from pipeline.files import atomic_dir
 from pipeline.settings import data_source
 from pipeline.train import preempt

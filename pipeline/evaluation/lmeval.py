@@ -25,8 +25,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import extension, keys
-from pipeline.config import ConfigError
 from pipeline.data.mixtures import hub_source
+from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval_fast, stats
 from pipeline.files import write_text
 from pipeline.generation import engines, generator

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.evaluation import verifiers
 from pipeline.evaluation.gsm import extract_answer
 from pipeline.runfolder import earlier_stage_model

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from pipeline.config import ConfigError
 from pipeline.data import chat
+from pipeline.errors import ConfigError
 from pipeline.train.distributed import deepspeed_on
 from pipeline.train.precision import inference_dtype, load_dtype
 
