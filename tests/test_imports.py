@@ -1,5 +1,6 @@
 """The product's imports form no circle: every `pipeline.*` import of every module under pipeline/ (at the top or
-inside a function) read with `ast`, and the module graph searched for a cycle."""
+inside a function) read with `ast`, and the module graph searched for a cycle; the layers that `lint-imports` checks
+(pyproject.toml) are the ones docs/ARCHITECTURE.md states."""
 
 from __future__ import annotations
 
@@ -70,3 +71,17 @@ def test_the_graph_sees_imports_inside_functions():
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_layers_docs_architecture_states_are_the_contract_ci_checks():
+    """docs/ARCHITECTURE.md's layer line and its ignored imports are pyproject.toml's import-linter contract."""
+    import tomllib
+
+    (contract,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    text = (ROOT / "docs/ARCHITECTURE.md").read_text().split("## Which way imports go", 1)[1]
+    stated = " ".join(text.split("\n\n")[2].split()).split(" -> ")
+    assert stated == [layer.replace("pipeline.", "") for layer in contract["layers"]]
+    ignored = " ".join(text.split("\n\n")[3].split())
+    for rule in contract["ignore_imports"]:
+        importer, imported = (m.removeprefix("pipeline.") for m in rule.split(" -> "))
+        assert f"`{importer}` -> `{imported}`" in ignored or f"-> `{imported}`" in ignored, rule
