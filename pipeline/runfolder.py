@@ -315,7 +315,7 @@ def same_path(a: str | None, b: str | None) -> bool:
 def drop_work(folder: Path) -> None:
     """Remove a stage's or candidate's training checkpoints (`work/`) once its record says it is trained (main
     process; every rank calls this and waits)."""
-    from pipeline.train.distributed import main_writes  # imports torch, which the dry run (paths only) does without
+    from pipeline.distributed import main_writes  # imports torch, which the dry run (paths only) does without
 
     with main_writes() as main:
         if main:
@@ -375,7 +375,7 @@ class StageRecord:
     def write(self, folder: Path, changed: bool = True) -> None:
         """Write `folder/stage.json` on the main process (atomically) when `changed` is true there; every rank
         calls this and waits."""
-        from pipeline.train.distributed import main_writes  # imports torch, which the dry run (paths only) does without
+        from pipeline.distributed import main_writes  # imports torch, which the dry run (paths only) does without
 
         with main_writes() as main:
             if main and changed:

@@ -1,4 +1,4 @@
-"""Ranks agree or stop with a message (pipeline/chain/ranks.py, pipeline/train/distributed.py), the bounded wait
+"""Ranks agree or stop with a message (pipeline/chain/ranks.py, pipeline/distributed.py), the bounded wait
 for a cache folder (pipeline/data/prep.py), and which rank prints an error (pipeline/run.py `_tell`).
 
 The same checks on two real "machines" (two launchers whose run folders differ): tests/test_multinode.py.
@@ -113,7 +113,7 @@ def _two_ranks(rank: int, port: int, out: str) -> None:
 
     import torch.distributed as dist
 
-    from pipeline.train.distributed import same_on_every_rank
+    from pipeline.distributed import same_on_every_rank
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=30))

@@ -114,7 +114,7 @@ def base_model(cfg: DictConfig) -> str | Path:
         return name
     import huggingface_hub
 
-    from pipeline.train.distributed import main_writes
+    from pipeline.distributed import main_writes
 
     revision = keys.resolved(name, cfg.model.revision, "model")  # the commit the run pinned (chain/revisions.py)
     with main_writes() as main:  # the main process downloads first; the others find it in a shared cache, or

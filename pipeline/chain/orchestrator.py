@@ -23,6 +23,14 @@ from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
 from pipeline.config import cache_dir, kind_of, stage_section, sweeps, swept_candidate
 from pipeline.data import prep
+from pipeline.distributed import (
+    agreed_error,
+    close_process_group,
+    main_value,
+    main_writes,
+    process_state,
+    share_cpu_threads,
+)
 from pipeline.errors import ConfigError
 from pipeline.evaluation import gates, power, scorecache, stats
 from pipeline.evaluation import lmeval as evaluate
@@ -54,14 +62,6 @@ from pipeline.runfolder import (
     write_kept,
 )
 from pipeline.train import preempt
-from pipeline.train.distributed import (
-    agreed_error,
-    close_process_group,
-    main_value,
-    main_writes,
-    process_state,
-    share_cpu_threads,
-)
 
 log = logging.getLogger("pipeline")
 FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("compute_s", "compute {} s"),

@@ -32,13 +32,13 @@ from pipeline.chain.resume import StageDecision, decide
 from pipeline.config import did_you_mean, kind_of
 from pipeline.data import chat, formats
 from pipeline.data import mixtures as data
+from pipeline.distributed import deepspeed_on
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.evaluation import power
 from pipeline.generation import engines
 from pipeline.settings import passed_through
 from pipeline.train import precision
-from pipeline.train.distributed import deepspeed_on
 from pipeline.train.models import load_tokenizer
 
 log = logging.getLogger("pipeline")

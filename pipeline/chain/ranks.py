@@ -34,9 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain import manifest
 from pipeline.config import cache_dir
-from pipeline.errors import ConfigError
-from pipeline.files import fingerprint, write_text
-from pipeline.train.distributed import (
+from pipeline.distributed import (
     agreed_error,
     every_value,
     host,
@@ -46,6 +44,8 @@ from pipeline.train.distributed import (
     ranks_on,
     world_size,
 )
+from pipeline.errors import ConfigError
+from pipeline.files import fingerprint, write_text
 
 T = TypeVar("T")
 TOKEN = ".rank-check-{}"

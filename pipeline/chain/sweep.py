@@ -31,6 +31,7 @@ from pipeline import keys, redact
 from pipeline.chain import merge
 from pipeline.chain.resume import refuse_other_world
 from pipeline.config import stage_section, swept, training_view
+from pipeline.distributed import is_main, main_value, main_writes, world_size
 from pipeline.errors import ConfigError
 from pipeline.evaluation import stats
 from pipeline.files import atomic_dir
@@ -52,7 +53,6 @@ from pipeline.runfolder import (
     stored_path,
 )
 from pipeline.train import preempt
-from pipeline.train.distributed import is_main, main_value, main_writes, world_size
 
 log = logging.getLogger("pipeline")
 EARLIER = "the earlier candidate (grid order, then soup, then merge)"

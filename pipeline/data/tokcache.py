@@ -26,11 +26,11 @@ import pyarrow as pa
 from pipeline import keys
 from pipeline.data import chat, prep
 from pipeline.data.mixtures import source_name
+from pipeline.distributed import main_writes, same_on_every_rank
 from pipeline.errors import ConfigError
 from pipeline.files import atomic_dir
 from pipeline.settings import data_source
 from pipeline.train import preempt
-from pipeline.train.distributed import main_writes, same_on_every_rank
 
 VERSION = 2  # bump when the tokenisation below changes what it writes
 

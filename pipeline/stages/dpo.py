@@ -159,8 +159,8 @@ def on_disk(pairs: Any, path: Path) -> Any:
     (datasets caches a map beside the data, keyed by the dataset's fingerprint)."""
     import datasets
 
+    from pipeline.distributed import main_writes
     from pipeline.files import atomic_dir
-    from pipeline.train.distributed import main_writes
 
     with main_writes() as main:
         if main and not path.is_dir():
@@ -214,9 +214,9 @@ def with_reference(ctx: Any, tok: Any, pairs: Any, path: Path) -> Any:
     precompute, all ranks) and stored in `path`, so no candidate runs the reference model."""
     import datasets
 
+    from pipeline.distributed import main_writes
     from pipeline.files import atomic_dir
     from pipeline.train import preempt
-    from pipeline.train.distributed import main_writes
     from pipeline.train.precision import matmul_precision
 
     if not path.is_dir():

@@ -58,10 +58,10 @@ def run(ctx: Any) -> dict:
     """Train the input checkpoint with GRPO into `ctx.out_dir/model`; return the metrics and held-out rewards."""
     from trl import GRPOTrainer
 
+    from pipeline.distributed import is_main
     from pipeline.logs import figure
     from pipeline.rl.heldout import greedy_reward, heldout_rows
     from pipeline.rl.rewards import load_prompts, reward_function
-    from pipeline.train.distributed import is_main
     from pipeline.train.models import load_model, load_tokenizer
     from pipeline.train.trainer import fit, lora_config
 

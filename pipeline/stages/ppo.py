@@ -154,8 +154,8 @@ def _models(ctx: Any, tok: Any, device: Any) -> tuple[Any, Any, ValueModel]:
 def _save(ctx: Any, loop: PPOLoop, model: Any, tok: Any, history: list[dict]) -> None:
     """The policy as `model/` (atomically), the value model, the update history; the work folder stays until the
     stage's record says trained (the orchestrator removes it then)."""
+    from pipeline.distributed import main_writes
     from pipeline.files import write_text
-    from pipeline.train.distributed import main_writes
     from pipeline.train.trainer import save_checkpoint
 
     def write(tmp):
@@ -173,11 +173,11 @@ def run(ctx: Any) -> dict:
     import torch
     from accelerate import Accelerator
 
+    from pipeline.distributed import main_writes
     from pipeline.logs import figure
     from pipeline.rl.actor_critic import PPOLoop
     from pipeline.rl.heldout import greedy_reward, heldout_rows
     from pipeline.rl.rewards import resolve_reward_model, reward_function
-    from pipeline.train.distributed import main_writes
     from pipeline.train.models import load_tokenizer
     from pipeline.train.precision import matmul_precision, mixed_precision
 

@@ -83,7 +83,7 @@ def run(ctx: Any) -> dict:
     from trl import RewardTrainer
 
     from pipeline.data.mixtures import load_mixture, source_name
-    from pipeline.train.distributed import is_main
+    from pipeline.distributed import is_main
     from pipeline.train.models import load_model, load_tokenizer
     from pipeline.train.trainer import fit, lora_config
 

@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from pipeline.distributed import main_value, main_writes
 from pipeline.files import atomic_dir, publish_dir, temp_name, write_json
 from pipeline.stages.sft import SftSettings, train
 from pipeline.tiny.data import data_dir, tiny_dir
-from pipeline.train.distributed import main_value, main_writes
 from pipeline.train.models import load_tokenizer
 
 CHAT_TEMPLATE = (

@@ -22,8 +22,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from pipeline.data import chat
+from pipeline.distributed import deepspeed_on
 from pipeline.errors import ConfigError
-from pipeline.train.distributed import deepspeed_on
 from pipeline.train.precision import inference_dtype, load_dtype
 
 KINDS = {"causal": (AutoModelForCausalLM, {}), "classifier": (AutoModelForSequenceClassification, {"num_labels": 1})}

@@ -20,8 +20,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from pipeline.distributed import any_rank, is_main, world_size
 from pipeline.errors import Preempted
-from pipeline.train.distributed import any_rank, is_main, world_size
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # the first signal's name; the section a signal stops now; how many SIGINTs came

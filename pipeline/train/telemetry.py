@@ -29,7 +29,7 @@ import torch
 from accelerate import PartialState
 from transformers import TrainerCallback
 
-from pipeline.train.distributed import any_rank
+from pipeline.distributed import any_rank
 from pipeline.train.flops import flops_per_token, peak_flops
 
 log = logging.getLogger("pipeline")
