@@ -1,4 +1,4 @@
-"""Stop signals outside training steps (pipeline/train/preempt.py), in this process and in real child processes:
+"""Stop signals outside training steps (pipeline/preempt.py), in this process and in real child processes:
 an interruptible section stops at once, a main-only section stops every rank, a second Ctrl-C is immediate, and
 processes started shielded survive the signals the run handles itself. The runs they protect: test_reliability."""
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from pipeline import preempt
 from pipeline.errors import Preempted
-from pipeline.train import preempt
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import errors, faults, keys, logs, redact
+from pipeline import errors, faults, keys, logs, preempt, redact
 from pipeline.chain import manifest, outcome, preflight, ranks, revisions, sweep
 from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
@@ -61,7 +61,6 @@ from pipeline.runfolder import (
     work_dir,
     write_kept,
 )
-from pipeline.train import preempt
 
 log = logging.getLogger("pipeline")
 FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("compute_s", "compute {} s"),

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pipeline import keys, redact
+from pipeline import keys, preempt, redact
 from pipeline.chain import merge
 from pipeline.chain.resume import refuse_other_world
 from pipeline.config import stage_section, swept, training_view
@@ -52,7 +52,6 @@ from pipeline.runfolder import (
     samples_dir,
     stored_path,
 )
-from pipeline.train import preempt
 
 log = logging.getLogger("pipeline")
 EARLIER = "the earlier candidate (grid order, then soup, then merge)"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from pipeline import preempt
 from pipeline.errors import ConfigError
-from pipeline.train import preempt
 
 log = logging.getLogger("pipeline")
 

@@ -23,14 +23,13 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
-from pipeline import keys
+from pipeline import keys, preempt
 from pipeline.data import chat, prep
 from pipeline.data.mixtures import source_name
 from pipeline.distributed import main_writes, same_on_every_rank
 from pipeline.errors import ConfigError
 from pipeline.files import atomic_dir
 from pipeline.settings import data_source
-from pipeline.train import preempt
 
 VERSION = 2  # bump when the tokenisation below changes what it writes
 

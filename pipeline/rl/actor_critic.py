@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
+from pipeline import preempt
 from pipeline.distributed import any_rank, main_writes
 from pipeline.generation.generator import continue_ids
-from pipeline.train import preempt
 from pipeline.train.trainer import save_checkpoint
 
 log = logging.getLogger("pipeline")

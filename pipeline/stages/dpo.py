@@ -107,10 +107,10 @@ def _on_policy(ctx: Any) -> Any:
     """On-policy pairs sampled from the input model (once: kept in on_policy_pairs.jsonl), or None if none."""
     import datasets
 
+    from pipeline import preempt
     from pipeline.data.mixtures import load_mixture
     from pipeline.files import write_json, write_text
     from pipeline.logs import duration
-    from pipeline.train import preempt
 
     path = ctx.on_policy_pairs
     with preempt.main_only("on-policy sampling") as main:
@@ -214,9 +214,9 @@ def with_reference(ctx: Any, tok: Any, pairs: Any, path: Path) -> Any:
     precompute, all ranks) and stored in `path`, so no candidate runs the reference model."""
     import datasets
 
+    from pipeline import preempt
     from pipeline.distributed import main_writes
     from pipeline.files import atomic_dir
-    from pipeline.train import preempt
     from pipeline.train.precision import matmul_precision
 
     if not path.is_dir():

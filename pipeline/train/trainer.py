@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 from transformers.trainer_utils import TrainOutput
 
+from pipeline import preempt
 from pipeline.data import prep
 from pipeline.distributed import is_main, main_value, main_writes, trainer_state_args
 from pipeline.errors import LockLost, MemoryAlert, TrainingFailed
@@ -33,7 +34,7 @@ from pipeline.files import commit_dir, fsync_tree, lock_lost, read_json, temp_na
 from pipeline.runfolder import checkpoint_dir, checkpoints, model_dir
 from pipeline.settings import passed_through
 from pipeline.train import precision as prec
-from pipeline.train import preempt, progress, tracking
+from pipeline.train import progress, tracking
 from pipeline.train.telemetry import MEMORY_LIMIT, Telemetry
 
 MFU_ALERT = 0.30  # warn below this model FLOPs utilisation (GPU only: CPUs have no MFU)
