@@ -94,7 +94,7 @@ def evaluation(args, model: Path, backends: list[str], tmp: Path, tok) -> None:
 def sampling(args, model: Path, backends: list[str]) -> None:
     """Sample on-policy answers with each backend in turn; report speed."""
     from pipeline.config import load_config
-    from pipeline.generation.onpolicy import on_policy_pairs
+    from pipeline.rl.onpolicy import on_policy_pairs
 
     rows = [json.loads(line) for line in (ROOT / "tests/fixtures/gsm8k/train.jsonl").open()][:args.prompts]
     prompts = [[{"role": "user", "content": r["question"]}] for r in rows]

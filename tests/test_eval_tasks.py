@@ -171,7 +171,7 @@ def test_the_built_in_and_a_referenced_verifier_score_completions():
 
 
 def test_rl_stages_and_on_policy_pairs_use_the_referenced_verifier(tmp_path):
-    from pipeline.generation.onpolicy import build_pairs
+    from pipeline.rl.onpolicy import build_pairs
     from pipeline.rl.rewards import reward_function
 
     cfg = load_config(["recipe=tiny", "stages=[sft,ppo]", "ppo.reward=test_eval_tasks:exact_answer",

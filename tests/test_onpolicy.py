@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from pipeline.config import ModelConfig
 from pipeline.evaluation.gsm import extract_answer, is_correct
 from pipeline.generation.generator import Generator
-from pipeline.generation.onpolicy import build_pairs, on_policy_pairs
+from pipeline.rl.onpolicy import build_pairs, on_policy_pairs
 from pipeline.tiny.data import data_dir
 from pipeline.tiny.model import build_tokenizer
 

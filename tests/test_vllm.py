@@ -20,7 +20,7 @@ from pipeline.config import load_config
 from pipeline.errors import ConfigError
 from pipeline.evaluation.lmeval import run_eval, settings, write_tasks
 from pipeline.generation import engines
-from pipeline.generation.onpolicy import on_policy_pairs
+from pipeline.rl.onpolicy import on_policy_pairs
 from pipeline.stages.grpo import grpo_args
 
 GSM8K_DIR = ROOT / "tests" / "fixtures" / "gsm8k"

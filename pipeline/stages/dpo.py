@@ -115,7 +115,7 @@ def _on_policy(ctx: Any) -> Any:
     path = ctx.on_policy_pairs
     with preempt.main_only("on-policy sampling") as main:
         if main and not path.is_file():
-            from pipeline.generation.onpolicy import on_policy_pairs
+            from pipeline.rl.onpolicy import on_policy_pairs
 
             op = ctx.stage.on_policy
             rows = load_mixture(op.mixture, ctx.cfg)
