@@ -1,7 +1,7 @@
 """The fast tier's one end-to-end run: the README's first command, `smol-pipeline recipe=tiny`, as the editable
-install puts it on the path, shrunk to one short SFT stage on a fresh cache (the tiny base built, trained, scored,
-gated, the leaderboard written), then the same command again, which reuses everything. The full FAST chain from the
-installed wheel is tests/test_wheel.py's (slow tier)."""
+install puts it on the path, shrunk to one short SFT stage on a fresh cache (a smaller tiny base built, trained,
+scored, gated, the leaderboard written), then the same command again, which reuses everything. The full FAST chain
+from the installed wheel is tests/test_wheel.py's (slow tier)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def smol_pipeline(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_the_tiny_recipe_runs_end_to_end_then_a_rerun_reuses_it(tmp_path):
     args = ["recipe=tiny", f"output_root={tmp_path}/runs", f"cache_dir={tmp_path}/cache", *FAST, "stages=[sft]",
-            "sft.max_steps=5"]
+            "sft.max_steps=5", "tiny.pretrain_steps=8", "tiny.pretrain_examples=300", "tiny.sft_examples=120"]
     first = smol_pipeline(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     run = tmp_path / "runs" / "tiny"
