@@ -202,14 +202,17 @@ def _slurm() -> tuple[str | None, int]:
 class RunLock:
     """An exclusive lock on a run folder: `<run>/<name>` (default `.lock`), a lease its holder renews.
 
-    The file records the holder's host, pid, a random owner id, its Slurm job id and restart count, and a
-    heartbeat time that a daemon thread renews every `RENEW_S` seconds. A second pipeline on the same run is
-    refused while the lease is live. A lock is stale, and taken over, when its heartbeat is older than its lease
-    (any host: a job requeued onto another node), when its holder on this host is gone (its pid is dead, or is
-    this process's own pid under another owner id: a restarted container), or when it records this Slurm job's
-    id with a lower restart count (the job's earlier incarnation, requeued). Taking over is race-free: the
-    contender hard-links the stale file to a claim named after its content, which only one contender can
-    create, checks that it claimed the stale lock unchanged, removes it, and creates its own with a hard link,
+    The file records the holder's host, pid (with the boot id and pid namespace in which it is one), a random
+    owner id, its Slurm job id and restart count, and a heartbeat time that a daemon thread renews every
+    `RENEW_S` seconds. A second pipeline on the same run is refused while the lease is live. A lock is stale, and
+    taken over, when its holder on this host (the same boot and pid namespace) is gone (its pid is dead, or is
+    this process's own pid under another owner id: a restarted container), when it records this Slurm job's id
+    with a lower restart count (the job's earlier incarnation, requeued), or when its heartbeat is older than its
+    lease (any host: a job requeued onto another node) and the file then stays unchanged for a whole lease by
+    this process's own clock, so that no clock skew between hosts takes a live holder's lock (its next renewal
+    rewrites the file, and the contender is refused). Taking over is race-free: the contender hard-links the
+    stale file to a claim named after its content, which only one contender can create, checks that it claimed
+    the stale lock unchanged, removes it, and creates its own with a hard link,
     which fails if the file exists again. `release` removes the file only while it holds this owner id.
     """
 
@@ -219,7 +222,7 @@ class RunLock:
         lease, renew = lock_timing()
         self.lease_s, self.renew_s = lease_s or lease, renew_s or renew
         job, restarts = _slurm()
-        self.owner = {"pid": os.getpid(), "host": socket.gethostname(), "owner": uuid.uuid4().hex,
+        self.owner = {"pid": os.getpid(), "host": socket.gethostname(), **_pid_space(), "owner": uuid.uuid4().hex,
                       "slurm_job_id": job, "slurm_restart_count": restarts,
                       "since": time.strftime("%Y-%m-%dT%H:%M:%S"), "lease_s": self.lease_s}
         self._stop = threading.Event()
@@ -240,12 +243,12 @@ class RunLock:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def stale(self, held: dict, now: float | None = None) -> str | None:
-        """Why the lock record `held` is stale (a phrase), or None while its holder may be alive."""
-        now = time.time() if now is None else now
+    def gone(self, held: dict) -> str | None:
+        """Why the holder of the lock record `held` is known to be gone (a phrase: its pid on this host, or this
+        Slurm job's earlier incarnation), or None."""
         if held.get("owner") == self.owner["owner"]:
             return None
-        if held.get("host") == self.owner["host"]:
+        if all(held.get(k) == self.owner[k] for k in ("host", "boot_id", "pid_ns")):  # its pid is one we can see
             if not _alive(held.get("pid")):
                 return f"its process {held.get('pid')} on this host is gone"
             if held.get("pid") == self.owner["pid"] and held.get("owner") not in {h.owner["owner"] for h in _HOLDING}:
@@ -254,12 +257,20 @@ class RunLock:
         if job and job == self.owner["slurm_job_id"] and isinstance(restarts, int) \
                 and restarts < self.owner["slurm_restart_count"]:
             return f"Slurm job {job} was requeued (restart {restarts} -> {self.owner['slurm_restart_count']})"
-        beat = held.get("heartbeat")
-        if isinstance(beat, (int, float)):
-            lease = held.get("lease_s") if isinstance(held.get("lease_s"), (int, float)) else self.lease_s
-            if now - beat > lease:
-                return f"its lease expired {now - beat - lease:.0f} s ago"
         return None
+
+    def _lease(self, held: dict) -> float:
+        return held["lease_s"] if isinstance(held.get("lease_s"), (int, float)) else self.lease_s
+
+    def unchanged_for(self, raw: str, lease: float) -> bool:
+        """Whether the lock file keeps the content `raw` for a whole `lease` by this process's own clock: a live
+        holder rewrites it at every renewal, whatever its clock, or the file server's, says."""
+        end = time.monotonic() + lease
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, max(lease / 20, 0.05)))
+            if _read_text(self.path) != raw:
+                return False
+        return True
 
     def _take_over(self, raw: str) -> bool:
         """Remove the stale lock whose file held `raw` unless another contender claims it first, or the file
@@ -296,10 +307,14 @@ class RunLock:
                 held = json.loads(raw)
             except ValueError:
                 held = None
+            watch = None  # a lease that looks expired by the clocks: confirmed by watching the file for one
             if isinstance(held, dict):
-                why = self.stale(held)
+                why = self.gone(held)
+                beat = held.get("heartbeat")
+                if why is None and isinstance(beat, (int, float)) and time.time() - beat > self._lease(held):
+                    why, watch = f"it was not renewed for its lease ({self._lease(held):.0f} s)", self._lease(held)
             elif time.time() - _mtime(self.path) > self.lease_s:
-                held, why = {}, "it cannot be read and is older than the lease"
+                held, why, watch = {}, "it cannot be read and was not rewritten for a lease", self.lease_s
             else:  # a lock an older version has created but not written yet
                 held, why = {}, None
                 if attempt < 10:
@@ -307,18 +322,22 @@ class RunLock:
                     continue
             if why is None:
                 raise RuntimeError(self._refusal(held)) from None
+            if watch is not None and not self.unchanged_for(raw, watch):
+                raise RuntimeError(self._refusal(held, renewed_while_watched=True)) from None
             if self._take_over(raw):
                 logging.getLogger("pipeline").warning("took over the lock %s: %s", self.path, why)
             else:
                 time.sleep(0.02 * (1 + attempt % 5))
         raise RuntimeError(f"could not take the lock {self.path}: other processes contend for it")
 
-    def _refusal(self, held: dict) -> str:
+    def _refusal(self, held: dict, renewed_while_watched: bool = False) -> str:
         beat = held.get("heartbeat")
-        if isinstance(beat, (int, float)):
-            lease = held.get("lease_s") if isinstance(held.get("lease_s"), (int, float)) else self.lease_s
+        if renewed_while_watched:
+            renewed = (", lease renewed while this process watched it (its clock and this host's differ); wait "
+                       "for it to finish")
+        elif isinstance(beat, (int, float)):
             renewed = (f", lease renewed {time.time() - beat:.0f} s ago; wait for it to finish (a lock whose "
-                       f"holder stopped renewing it is taken over {lease:.0f} s after its last renewal)")
+                       f"holder stopped renewing it is taken over {self._lease(held):.0f} s after its last renewal)")
         else:
             renewed = "; wait for it to finish (its lock has no lease: an older version wrote it)"
         return (f"run folder {self.path.parent} is in use by pid {held.get('pid')} on {held.get('host')} since "
@@ -480,6 +499,19 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def _pid_space() -> dict:
+    """Where this process's pid means something: the kernel's boot id and this pid namespace (two containers may
+    share a hostname, not a pid namespace); None where /proc does not say."""
+    ids = {}
+    for key, read in (("boot_id", lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip()),
+                      ("pid_ns", lambda: os.readlink("/proc/self/ns/pid"))):
+        try:
+            ids[key] = read()
+        except OSError:
+            ids[key] = None
+    return ids
 
 
 def _alive(pid: Any) -> bool:

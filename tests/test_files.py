@@ -9,12 +9,15 @@ import json
 import multiprocessing
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from pipeline.errors import LockLost
 from pipeline.files import RunLock, atomic_dir, fence, read_json, remove_leftovers, write_json
@@ -90,17 +93,22 @@ def test_concurrent_writers_of_one_file_in_one_process_all_succeed(tmp_path):
 
 
 def _lock_record(path: Path, **fields) -> None:
-    """A lock file as another holder wrote it (an owner id of its own, a heartbeat `age` seconds old)."""
+    """A lock file as another holder wrote it (an owner id of its own, a heartbeat `age` seconds old); on this host
+    its pid is one of this boot and pid namespace unless the fields say otherwise."""
     age = fields.pop("age", 0.0)
-    record = {"pid": 4242, "host": "node-b", "owner": uuid.uuid4().hex, "slurm_job_id": None,
-              "slurm_restart_count": 0, "since": "then", "lease_s": 120.0, "heartbeat": time.time() - age, **fields}
+    here = RunLock(path.parent).owner if fields.get("host") == socket.gethostname() else {}
+    record = {"pid": 4242, "host": "node-b", "boot_id": here.get("boot_id"), "pid_ns": here.get("pid_ns"),
+              "owner": uuid.uuid4().hex, "slurm_job_id": None, "slurm_restart_count": 0, "since": "then",
+              "lease_s": 120.0, "heartbeat": time.time() - age, **fields}
     path.write_text(json.dumps(record))
 
 
 def test_a_lock_from_another_host_whose_lease_expired_is_taken_over(tmp_path):
-    _lock_record(tmp_path / ".lock", age=121)
+    _lock_record(tmp_path / ".lock", age=3, lease_s=1.0)  # and unchanged for a lease by this process's clock
     lock = RunLock(tmp_path)
+    t0 = time.monotonic()
     lock.acquire()
+    assert time.monotonic() - t0 >= 1.0
     try:
         held = read_json(tmp_path / ".lock")
         assert held["owner"] == lock.owner["owner"] and held["host"] == socket.gethostname()
@@ -118,6 +126,32 @@ def test_a_lock_from_another_host_with_a_fresh_lease_is_refused(tmp_path):
         RunLock(tmp_path).acquire()
     RunLock(tmp_path).release()  # a release by a process that does not hold it removes nothing
     assert (tmp_path / ".lock").read_text() == before and [p.name for p in tmp_path.iterdir()] == [".lock"]
+
+
+def test_a_contender_whose_clock_is_ahead_is_refused_by_the_renewals_it_sees(tmp_path):
+    """A contender 10 minutes ahead of the holder reads a lease that looks expired, watches the file for a lease by
+    its own clock, sees the holder renew it and is refused; the holder keeps its lock."""
+    holder = RunLock(tmp_path, lease_s=1.0, renew_s=0.2)
+    holder.acquire()
+    try:
+        ahead = ("import sys, time\nreal = time.time\ntime.time = lambda: real() + 600\n"
+                 "from pipeline.files import RunLock\ntry:\n    RunLock(sys.argv[1]).acquire()\n"
+                 "except RuntimeError as err:\n    print(err)\n")
+        proc = subprocess.run([sys.executable, "-c", ahead, str(tmp_path)], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "is in use by pid" in proc.stdout and "renewed while this process watched it" in proc.stdout
+        assert read_json(tmp_path / ".lock")["owner"] == holder.owner["owner"]
+    finally:
+        holder.release()
+
+
+def test_a_dead_pid_under_this_hostname_in_another_pid_namespace_is_not_judged(tmp_path):
+    """Two containers may share a hostname: a pid of another pid namespace (or boot) says nothing here, so a lock
+    with a fresh lease is refused."""
+    _lock_record(tmp_path / ".lock", host=socket.gethostname(), pid=2**22 + 7, pid_ns="pid:[1]")
+    with pytest.raises(RuntimeError, match=f"in use by pid {2**22 + 7}"):
+        RunLock(tmp_path).acquire()
 
 
 def test_a_lock_of_a_dead_process_on_this_host_or_of_this_pid_under_another_owner_is_taken_over(tmp_path):
@@ -225,7 +259,7 @@ def test_contenders_racing_on_a_stale_lock_exactly_one_wins(tmp_path):
     for round_ in range(3):
         run = tmp_path / f"run-{round_}"
         run.mkdir()
-        _lock_record(run / ".lock", age=500)
+        _lock_record(run / ".lock", age=500, lease_s=1.0)
         start, results = ctx.Barrier(WRITERS), ctx.Queue()
         procs = [ctx.Process(target=_contend, args=(str(run), start, results)) for _ in range(WRITERS)]
         for p in procs:

@@ -124,7 +124,7 @@ def test_lock_refuses_a_live_owner_touching_nothing_and_takes_over_an_expired_le
     assert busy.returncode == 2 and f"in use by pid {os.getpid()}" in busy.stderr
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # outcome.json, pipeline.log too
     (run / ".lock").write_text(json.dumps({"pid": 4242, "host": "node-b", "owner": "f00d", "since": "then",
-                                           "heartbeat": time.time() - 500, "lease_s": 120}))  # a dead job elsewhere
+                                           "heartbeat": time.time() - 500, "lease_s": 2}))  # a dead job elsewhere
     taken = run_cli(*args)
     assert taken.returncode == 0, taken.stderr[-2000:]
     assert "reusing finished stage" in taken.stderr and "training from" not in taken.stderr
