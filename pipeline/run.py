@@ -140,6 +140,9 @@ class _LastError(logging.Filter):
 
 def run(cfg, argv: list[str]) -> int:
     """Run the chain on a parsed config; record the outcome (main process); return the exit code."""
+    from pipeline import preempt
+
+    preempt.install()  # from here on a stop signal ends the run at its next safe point with exit 75, start-up too
     from pipeline.chain.orchestrator import run_pipeline
     from pipeline.chain.outcome import Outcome
     from pipeline.runfolder import RunPaths, run_dir

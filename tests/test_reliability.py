@@ -315,3 +315,18 @@ def test_a_node_dying_at_any_point_resumes_with_the_same_losses_and_nothing_trai
         assert before["status"] == "running" and after["metrics"]["resumed_from"].endswith("checkpoint-30")
     else:  # finished before the kill: scored (again), not trained
         assert before["status"] in ("trained", "done") and after["metrics"] == before["metrics"]
+
+
+def test_a_stop_signal_during_start_up_exits_75_and_the_rerun_runs(tmp_path, cache_dir):
+    """SIGTERM as soon as the run holds its lock, before it has prepared anything: a clean stop with exit 75 and
+    its outcome (before, the handlers were installed later and the signal killed the process: 143), nothing
+    trained; the same command again runs the chain."""
+    args = ("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft]",
+            "sft.max_steps=2")
+    stopped = run_cli(*args, env={"PIPELINE_TEST_TERM_AT": "locked"})
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    outcome = json.loads((tmp_path / "tiny/outcome.json").read_text())
+    assert outcome["outcome"] == "preempted" and "SIGTERM received" in outcome["reason"]
+    assert not (tmp_path / "tiny/stages").exists() and not (tmp_path / "tiny/.lock").exists()
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]

@@ -252,6 +252,7 @@ def run_pipeline(cfg: DictConfig, argv: list[str], on_lock: Callable[[RunLock], 
         raise agreed_error(problem[0])
     if on_lock is not None and state.is_main_process:
         on_lock(lock)
+        faults.point("locked")
     together = False  # whether every rank reached the same ending (a finished chain, a gate stop, a preemption)
     try:
         ranks.check_start(cfg, root)  # every rank sees the run folder and the cache, runs the same config and code
@@ -270,8 +271,13 @@ def run_pipeline(cfg: DictConfig, argv: list[str], on_lock: Callable[[RunLock], 
 
 
 def _start(cfg: DictConfig, argv: list[str], run: Run) -> Run:
-    """Signals, determinism, logging, the per-stage decisions, task files, resolved config and manifest."""
-    preempt.install()
+    """Determinism, logging, the per-stage decisions, task files, resolved config and manifest; a stop signal
+    stops it at once in one process (the ranks of several stop together at the first stage)."""
+    with preempt.collective("starting the run"):
+        return _prepare(cfg, argv, run)
+
+
+def _prepare(cfg: DictConfig, argv: list[str], run: Run) -> Run:
     if cfg.deterministic:
         from transformers import enable_full_determinism
 
