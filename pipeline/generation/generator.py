@@ -6,7 +6,7 @@ from the recipe's `model.*` settings: trust_remote_code, the attention kernel, a
 `model.precision` (the engine's too). Temperature 0 is greedy; above it, tokens are sampled from the whole
 distribution at that temperature (no top-k or top-p) in both backends.
 
-Who calls what: on-policy preference pairs (`onpolicy`) and held-out scoring (`pipeline.rl.heldout`) call
+Who calls what: on-policy preference pairs (`pipeline.rl.onpolicy`) and held-out scoring (`pipeline.rl.heldout`) call
 `Generator.generate`; PPO's rollouts `continue_ids` (the hf backend on token ids: its updates score the sampled
 ids); evaluation hands a loaded generator's model and tokenizer to lm-eval's HF model, whose greedy requests run
 through our greedy loop (`greedy_until`, where `evaluation.lmeval_fast` finds it gives lm-eval's answers), and
