@@ -262,7 +262,7 @@ class RunLock:
     def _lease(self, held: dict) -> float:
         return held["lease_s"] if isinstance(held.get("lease_s"), (int, float)) else self.lease_s
 
-    def unchanged_for(self, raw: str, lease: float) -> bool:
+    def _unchanged_for(self, raw: str, lease: float) -> bool:
         """Whether the lock file keeps the content `raw` for a whole `lease` by this process's own clock: a live
         holder rewrites it at every renewal, whatever its clock, or the file server's, says."""
         end = time.monotonic() + lease
@@ -310,9 +310,9 @@ class RunLock:
             watch = None  # a lease that looks expired by the clocks: confirmed by watching the file for one
             if isinstance(held, dict):
                 why = self.gone(held)
-                beat = held.get("heartbeat")
-                if why is None and isinstance(beat, (int, float)) and time.time() - beat > self._lease(held):
-                    why, watch = f"it was not renewed for its lease ({self._lease(held):.0f} s)", self._lease(held)
+                beat, lease = held.get("heartbeat"), self._lease(held)
+                if why is None and isinstance(beat, (int, float)) and time.time() - beat > lease:
+                    why, watch = f"it was not renewed for its lease ({lease:.0f} s)", lease
             elif time.time() - _mtime(self.path) > self.lease_s:
                 held, why, watch = {}, "it cannot be read and was not rewritten for a lease", self.lease_s
             else:  # a lock an older version has created but not written yet
@@ -322,7 +322,7 @@ class RunLock:
                     continue
             if why is None:
                 raise RuntimeError(self._refusal(held)) from None
-            if watch is not None and not self.unchanged_for(raw, watch):
+            if watch is not None and not self._unchanged_for(raw, watch):
                 raise RuntimeError(self._refusal(held, renewed_while_watched=True)) from None
             if self._take_over(raw):
                 logging.getLogger("pipeline").warning("took over the lock %s: %s", self.path, why)

@@ -133,12 +133,10 @@ def _action(decision: StageDecision, record: StageRecord, forced: bool, redone: 
     if decision.redo:
         return "train"
     if finished(record, decision.dir) or record.status == "running":
-        if record.fingerprint != decision.fingerprint:
-            if forced and redone:
-                return "train"
+        if record.fingerprint != decision.fingerprint and not (forced and redone):
             raise _refuse_changed(decision, record, config, schema)  # an edit, a reorder or an inserted stage
         if forced:
-            return "train"  # its input is trained anew in this run (its model was missing)
+            return "train"  # its input is trained anew in this run (redone, or its model was missing)
         if record.status == "running":
             return "resume"
         done = record.status == "done" and record.eval_fingerprint == decision.eval_fingerprint
