@@ -28,7 +28,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from pipeline.config import grid, load_config
+from pipeline.config import load_config
+from pipeline.grid import grid
 from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
 from pipeline.tiny.model import ensure_base_model

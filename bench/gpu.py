@@ -31,7 +31,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import DPOConfig, DPOTrainer, SFTTrainer
 
-from pipeline.config import ModelConfig
+from pipeline.settings import ModelConfig
 from pipeline.stages import sft
 from pipeline.stages.dpo import DpoSettings as DpoConfig
 from pipeline.stages.sft import SftSettings as TrainConfig

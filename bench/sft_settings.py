@@ -20,8 +20,9 @@ import tempfile
 from pathlib import Path
 
 from pipeline.chain.basemodel import base_model
-from pipeline.config import cache_dir, load_config
+from pipeline.config import load_config
 from pipeline.data.mixtures import load_mixture
+from pipeline.runfolder import cache_dir
 from pipeline.stages.sft import train
 from pipeline.train.models import load_tokenizer
 

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from pipeline.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).resolve().with_name("recipes")
+MIXTURES_DIR = RECIPES_DIR.with_name("data_mixtures")
 SUFFIXES = (".yaml", ".yml")
 
 # keys whose values are paths to read: a relative one is the recipe's when it exists next to it

@@ -23,17 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from pipeline import errors, redact  # noqa: E402
-from pipeline.config import (  # noqa: E402
-    DEFAULT_RECIPE,
-    available_recipes,
-    describe,
-    load_config,
-    load_with_sources,
-    stage_names,
-    swept_candidate,
-)
+from pipeline.config import DEFAULT_RECIPE, load_config, load_with_sources  # noqa: E402
+from pipeline.describe import describe  # noqa: E402
 from pipeline.errors import ConfigError, LockLost, MemoryAlert, Preempted, TrainingFailed  # noqa: E402
-from pipeline.stages import kinds  # noqa: E402
+from pipeline.grid import swept_candidate  # noqa: E402
+from pipeline.recipe_files import available_recipes  # noqa: E402
+from pipeline.settings import kinds, stage_names  # noqa: E402
 
 BAD_INPUT_GRACE_S = 10  # how long a rank other than the main one waits before it exits on bad input
 

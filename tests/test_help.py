@@ -8,9 +8,11 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.config import available_recipes, load_config, stage_names
+from pipeline.config import load_config
 from pipeline.errors import NAMES
+from pipeline.recipe_files import available_recipes
 from pipeline.run import main
+from pipeline.settings import stage_names
 
 
 def _help(capsys, *argv: str) -> list[str]:

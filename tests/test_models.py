@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from pipeline.config import ModelConfig
 from pipeline.errors import ConfigError
+from pipeline.settings import ModelConfig
 from pipeline.train.models import engine_args, load_model, load_tokenizer
 from pipeline.train.precision import inference_dtype
 

@@ -9,10 +9,10 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline.config import ModelConfig
 from pipeline.evaluation.gsm import extract_answer, is_correct
 from pipeline.generation.generator import Generator
 from pipeline.rl.onpolicy import build_pairs, on_policy_pairs
+from pipeline.settings import ModelConfig
 from pipeline.tiny.data import data_dir
 from pipeline.tiny.model import build_tokenizer
 

@@ -22,7 +22,7 @@ from pipeline import keys
 from pipeline.evaluation import lmeval
 from pipeline.run import main
 from pipeline.runfolder import StageRecord
-from pipeline.stages import kinds
+from pipeline.settings import kinds
 
 N = 40  # problems per task
 GATE = "tiny_gsm/exact_match,strict-match"

@@ -12,8 +12,9 @@ from conftest import FAST, ROOT, run_cli
 from safetensors import safe_open
 
 from pipeline.chain.plan import KNOWN_MODELS
-from pipeline.config import grid, load_config
+from pipeline.config import load_config
 from pipeline.data.mixtures import load_spec
+from pipeline.grid import grid
 from pipeline.train.flops import param_count
 
 

@@ -19,9 +19,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from trl import SFTTrainer
 
-from pipeline.config import ModelConfig
 from pipeline.data import tokcache
 from pipeline.errors import ConfigError
+from pipeline.settings import ModelConfig
 from pipeline.stages import sft
 from pipeline.stages.sft import SftSettings
 from pipeline.train import precision

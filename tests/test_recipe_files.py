@@ -10,8 +10,9 @@ import pytest
 from conftest import ROOT
 from omegaconf import OmegaConf
 
-from pipeline.config import _named_stages, available_recipes, load_config, load_with_sources, schema
+from pipeline.config import _named_stages, load_config, load_with_sources, schema
 from pipeline.errors import ConfigError
+from pipeline.recipe_files import available_recipes
 from pipeline.run import main
 
 SHIPPED = ROOT / "pipeline" / "recipes"

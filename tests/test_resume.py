@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.chain.resume import StageDecision, base_fingerprint, decide
-from pipeline.config import load_config, stage_section
+from pipeline.config import load_config
 from pipeline.errors import ConfigError
+from pipeline.fingerprints import stage_section
 from pipeline.runfolder import StageRecord, earlier_stage_model, finished
 
 # the smol recipe: three enabled stages (sft, midtrain, dpo), a loaded base model and Hub data, so deciding
@@ -148,7 +149,7 @@ def test_an_interrupted_stage_resumes_after_a_change_of_settings_a_resume_may_ch
 
 
 def test_the_help_marks_the_settings_a_resume_may_change():
-    from pipeline.config import describe
+    from pipeline.describe import describe
 
     lines = {line.split("=")[0].strip(): line for line in describe(load_config(["recipe=smol"])).splitlines()}
     assert "[a resume may change it]" in lines["sft.save_steps"]

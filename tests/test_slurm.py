@@ -142,8 +142,9 @@ def test_preempted_job_saves_requeues_itself_and_resumes(slurm, tiny_base, tmp_p
 
 @pytest.mark.slow
 def test_one_candidate_option_is_checked_and_leaves_the_fingerprint_alone():
-    from pipeline.config import load_config, stage_section
+    from pipeline.config import load_config
     from pipeline.errors import ConfigError
+    from pipeline.fingerprints import stage_section
 
     base = ["recipe=tiny", "stages=[sft,midtrain,dpo]"]  # the tiny sweep: 2 betas x 2 learning rates
     one = load_config([*base, "dpo.candidate=3"])

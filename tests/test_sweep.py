@@ -17,8 +17,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.chain import sweep
-from pipeline.config import grid, load_config, sweeps
+from pipeline.config import load_config
 from pipeline.errors import ConfigError
+from pipeline.grid import grid, sweeps
 from pipeline.runfolder import StageContext, StageRecord, candidate_dir
 
 METRIC = "gsm8k_local_val/exact_match,flexible-extract"  # the smol recipe's dpo gate metric

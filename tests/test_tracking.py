@@ -12,10 +12,11 @@ import pytest
 from conftest import FAST, ROOT, missing, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipeline.config import TRACKERS, load_config
+from pipeline.config import load_config
 from pipeline.run import main
 from pipeline.stages.sft import sft_args
 from pipeline.train.tracking import trainer_args
+from pipeline.validate import TRACKERS
 
 TRACKER_DIRS = ("TENSORBOARD_LOGGING_DIR", "TRACKIO_DIR", "WANDB_DIR", "MLFLOW_TRACKING_URI")
 

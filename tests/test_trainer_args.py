@@ -10,9 +10,11 @@ from conftest import run_cli
 from omegaconf import OmegaConf
 
 from pipeline.chain.preflight import trl_values
-from pipeline.config import available_recipes, load_config, stage_section, training_view
+from pipeline.config import load_config
 from pipeline.errors import ConfigError
 from pipeline.files import fingerprint
+from pipeline.fingerprints import stage_section, training_view
+from pipeline.recipe_files import available_recipes
 from pipeline.stages.dpo import dpo_args
 from pipeline.stages.sft import sft_args
 

@@ -100,7 +100,9 @@ def test_every_shipped_recipe_loads_and_plans_from_the_installed_package(venv, e
     script = f"""
 import pipeline
 from pipeline.chain.plan import report
-from pipeline.config import available_recipes, describe, load_config
+from pipeline.config import load_config
+from pipeline.describe import describe
+from pipeline.recipe_files import available_recipes
 from pipeline.launch import config_options
 
 print(pipeline.__file__)

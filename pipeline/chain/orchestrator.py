@@ -21,7 +21,6 @@ from pipeline import errors, faults, keys, logs, preempt, redact
 from pipeline.chain import manifest, outcome, preflight, ranks, revisions, sweep
 from pipeline.chain.basemodel import base_model, pending_build
 from pipeline.chain.resume import StageDecision, base_fingerprint, eval_fingerprint
-from pipeline.config import cache_dir, kind_of, stage_section, sweeps, swept_candidate
 from pipeline.data import prep
 from pipeline.distributed import (
     agreed_error,
@@ -35,6 +34,8 @@ from pipeline.errors import ConfigError
 from pipeline.evaluation import gates, power, scorecache, stats
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.files import RunLock, fence, remove_leftovers, temp_name, write_text
+from pipeline.fingerprints import stage_section
+from pipeline.grid import sweeps, swept_candidate
 from pipeline.report import headline, hub, leaderboard, modelcard
 from pipeline.runfolder import (
     BASE,
@@ -45,6 +46,7 @@ from pipeline.runfolder import (
     StageRecord,
     Trained,
     base_dir,
+    cache_dir,
     candidate_dir,
     candidate_folders,
     copy_kept,
@@ -61,6 +63,7 @@ from pipeline.runfolder import (
     work_dir,
     write_kept,
 )
+from pipeline.settings import kind_of
 
 log = logging.getLogger("pipeline")
 FIGURES = (("tokens_per_s", "{} tokens/s"), ("mfu", "MFU {}"), ("compute_s", "compute {} s"),

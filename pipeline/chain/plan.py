@@ -23,13 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain import revisions
 from pipeline.chain.basemodel import architecture
-from pipeline.config import grid, kind_of, sweeps
 from pipeline.data.mixtures import load_spec, source_name, stage_mixtures
 from pipeline.errors import ConfigError
 from pipeline.evaluation import power
+from pipeline.grid import grid, sweeps
 from pipeline.keys import pinned, resolved, use_pins
 from pipeline.runfolder import RunPaths, model_dir, run_dir, stage_dir
-from pipeline.settings import data_source
+from pipeline.settings import data_source, kind_of
 from pipeline.train.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
 
 KNOWN_MODELS = {  # published config.json fields of dense Llama-style models, so that planning needs no Hub

@@ -29,7 +29,6 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from pipeline import extension, redact
 from pipeline.chain.basemodel import check_model_path, local_config
 from pipeline.chain.resume import StageDecision, decide
-from pipeline.config import did_you_mean, kind_of
 from pipeline.data import chat, formats
 from pipeline.data import mixtures as data
 from pipeline.distributed import deepspeed_on
@@ -37,7 +36,8 @@ from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.evaluation import power
 from pipeline.generation import engines
-from pipeline.settings import passed_through
+from pipeline.settings import kind_of, passed_through
+from pipeline.suggest import did_you_mean
 from pipeline.train import precision
 from pipeline.train.models import load_tokenizer
 

@@ -33,7 +33,6 @@ from typing import TypeVar
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain import manifest
-from pipeline.config import cache_dir
 from pipeline.distributed import (
     agreed_error,
     every_value,
@@ -46,6 +45,7 @@ from pipeline.distributed import (
 )
 from pipeline.errors import ConfigError
 from pipeline.files import fingerprint, write_text
+from pipeline.runfolder import cache_dir
 
 T = TypeVar("T")
 TOKEN = ".rank-check-{}"

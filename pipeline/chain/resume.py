@@ -1,6 +1,6 @@
 """Resume by fingerprint: what to do with each stage of a run folder (reuse, evaluate, resume or train).
 
-A stage's fingerprint hashes what it trains (`config.training_view`: its settings without those a resume may
+A stage's fingerprint hashes what it trains (`fingerprints.training_view`: its settings without those a resume may
 change, such as logging and saving cadence), its data, its seed and everything upstream. A finished stage with
 the same fingerprint is reused, an interrupted one resumed from its last checkpoint. A finished or interrupted
 stage whose fingerprint changed is refused, naming the changed settings, unless the user asks to redo it or a
@@ -23,12 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import keys
 from pipeline.chain.basemodel import base_settings
-from pipeline.config import EvalConfig, ModelConfig, fingerprint_view, grid, stage_section, sweeps, swept, training_view
 from pipeline.data import mixtures as data
 from pipeline.data.chat import template_text
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
+from pipeline.fingerprints import fingerprint_view, stage_section, training_view
+from pipeline.grid import grid, sweeps, swept
 from pipeline.runfolder import FINISHED, RunPaths, StageRecord, checkpointed, finished, stage_dir
+from pipeline.settings import EvalConfig, ModelConfig
 
 # settings that choose among a sweep's candidates (and the swept settings themselves): the data a stage prepares
 # for every candidate (pairs, reference log-probs) does not depend on them
@@ -50,7 +52,7 @@ class StageDecision:
     inputs: str = ""  # what the stage starts from (kind, data, seed, upstream): sweep candidates key on it
     redo: bool = False  # this run retrains the stage because the user asked (redo=), once
     prepared: str = ""  # the key of the data the stage prepares in its folder (pairs, samples, reference log-probs)
-    grid: list[dict] = field(default_factory=list)  # its sweep's candidates (`config.grid`); empty: no sweep
+    grid: list[dict] = field(default_factory=list)  # its sweep's candidates (`grid.grid`); empty: no sweep
 
 
 def _checkpoint(name: str, revision: str | None) -> dict:

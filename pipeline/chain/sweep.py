@@ -1,6 +1,6 @@
 """A sweep inside a stage (any stage's `sweep`, `soup`, `merge`), driven by the orchestrator.
 
-`sweep` expands its settings' values (`config.grid`) into candidates under `candidates/<id>/`, each trained by the
+`sweep` expands its settings' values (`grid.grid`) into candidates under `candidates/<id>/`, each trained by the
 stage kind's `train` (one model per call) from the same input checkpoint and scored on the task of the gate metric
 only (`selection_settings`: validation; the selected model is then scored on every task);
 `soup.top_k` averages the K best, `merge` mixes the soup (or the best candidate) with an earlier stage's
@@ -30,11 +30,12 @@ from omegaconf import OmegaConf
 from pipeline import keys, preempt, redact
 from pipeline.chain import merge
 from pipeline.chain.resume import refuse_other_world
-from pipeline.config import stage_section, swept, training_view
 from pipeline.distributed import is_main, main_value, main_writes, world_size
 from pipeline.errors import ConfigError
 from pipeline.evaluation import stats
 from pipeline.files import atomic_dir
+from pipeline.fingerprints import stage_section, training_view
+from pipeline.grid import swept
 from pipeline.runfolder import (
     StageContext,
     StageRecord,
@@ -195,7 +196,7 @@ def _clear(folder: Path) -> None:
 
 def train_candidates(ctx: StageContext, inputs: str, cands: list[dict], train: Train, scorer: Scorer,
                      only: int | None = None) -> list[StageRecord]:
-    """Train (or reuse) and score the grid's candidates `cands` (`config.grid`, carried by the stage's decision), or
+    """Train (or reuse) and score the grid's candidates `cands` (`grid.grid`, carried by the stage's decision), or
     only the one numbered `only`; `inputs`: what the stage starts from (`StageDecision.inputs`)."""
     records = []
     for cand in cands if only is None else [cands[only]]:

@@ -41,11 +41,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline import extension, keys
-from pipeline.config import MIXTURES_DIR, explain_error, kind_of, yaml_problem
 from pipeline.data import sources as data_sources
 from pipeline.data.formats import TARGETS, of_row, tool_name
 from pipeline.errors import ConfigError
-from pipeline.settings import Data
+from pipeline.recipe_files import MIXTURES_DIR, yaml_problem
+from pipeline.settings import Data, kind_of
+from pipeline.suggest import explain_error
 
 ROLES = ("system", "user", "assistant", "tool")
 TOOL_KEYS = ("tool_calls", "name", "tool_call_id")  # what a message of TRL's tool-calling format adds

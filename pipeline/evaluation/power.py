@@ -31,8 +31,8 @@ from scipy.stats import norm
 from statsmodels.stats.power import TTestPower
 
 from pipeline import extension
-from pipeline.config import sweeps
 from pipeline.evaluation.stats import ALPHA, CORRECTION, significant
+from pipeline.grid import sweeps
 
 POWER = 0.80
 EDGE = 5  # fewer right (or wrong) answers than this: the metric sits at its floor (or ceiling)

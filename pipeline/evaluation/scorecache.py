@@ -23,10 +23,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import keys
-from pipeline.config import cache_dir
 from pipeline.evaluation import lmeval, stats
 from pipeline.files import publish_dir, temp_name, write_text
-from pipeline.runfolder import remember, samples_file
+from pipeline.runfolder import cache_dir, remember, samples_file
 
 RESULT = "result.json"
 log = logging.getLogger("pipeline")

@@ -22,7 +22,7 @@ from matplotlib import cm, colors
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from pipeline.config import swept_value
+from pipeline.grid import swept_value
 from pipeline.runfolder import StageRecord
 
 RC = {"svg.hashsalt": "smol-pipeline", "svg.fonttype": "none", "font.size": 9}  # applied per chart, not globally

@@ -35,7 +35,8 @@ class OnPolicyConfig:
     max_prompts: int = arg("most prompts sampled: the first N of the mixture (shuffled with its seed); "
                            "0: all prompts", 0)
     batch_size: int = arg("prompts per generation batch (hf)", 32, resumable=True)
-    backend: str = arg("hf: transformers' generate | vllm: a vLLM engine (continuous batching)", "hf", added=True)
+    backend: str = arg("hf: transformers' generate | vllm: a vLLM engine (continuous batching)", "hf", added=True,
+                       choices=("hf", "vllm"))
     reference_chosen: bool = arg("a prompt with no correct sample pairs its reference answer (the mixture's `answer`, "
                                  "chosen) with a wrong sample, as SPIN does: pairs from a model that rarely gets one "
                                  "right", False, added=True)

@@ -37,18 +37,19 @@ class RlSettings(StageSettings):
     max_new_tokens: int = arg("most tokens generated per response", 128)
     temperature: float = arg("sampling temperature of the rollouts", 1.0)
     backend: str = arg("hf | vllm: grpo samples with TRL's vLLM integration (colocate mode); ppo samples with "
-                       "transformers only", "hf", added=True)
+                       "transformers only", "hf", added=True, choices=("hf", "vllm"))
 
 
 @dataclass
 class PpoSettings(RlSettings):
     """Our actor-critic PPO on accelerate. `max_steps` counts PPO updates; `mixture` gives prompts (+ answers)."""
 
-    value_init: str = arg("policy | reward_model: where the value model starts", "policy")
+    value_init: str = arg("policy | reward_model: where the value model starts", "policy",
+                          choices=("policy", "reward_model"))
     rollout_batch_size: int = arg("prompts per update and process", 16)
     unfinished_penalty: float = arg("reward for a response that never ends (no EOS within max_new_tokens)", -1.0)
     kl_coef: float = arg("weight of the per-token KL penalty against the reference (initial value when adaptive)", 0.05)
-    kl_estimator: str = arg("k1 | k3", "k1")
+    kl_estimator: str = arg("k1 | k3", "k1", choices=("k1", "k3"))
     kl_target: float = arg("> 0: adaptive KL coefficient (Ziegler et al.) aiming at this KL", 0.0)
     gamma: float = arg("discount factor of GAE", 1.0)
     lam: float = arg("lambda of GAE", 0.95)

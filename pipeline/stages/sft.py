@@ -25,15 +25,16 @@ log = logging.getLogger("pipeline")
 class SftSettings(StageSettings):
     """A TRL SFTTrainer stage; `sft` and `midtrain` share this schema and code path."""
 
-    format: str = arg("chat: `messages` with assistant-only loss; text: plain documents", "chat")
+    format: str = arg("chat: `messages` with assistant-only loss; text: plain documents", "chat",
+                      choices=("chat", "text"))
     packing: bool = arg("pack several rows into each sequence", True)
-    packing_strategy: str = arg("bfd | bfd_split | wrapped", "bfd")
+    packing_strategy: str = arg("bfd | bfd_split | wrapped", "bfd", choices=("bfd", "bfd_split", "wrapped"))
     assistant_only_loss: bool = arg("train only on assistant turns (needs format=chat)", True)
     train_sampling_strategy: str = arg(
         "random | group_by_length: batches of similar lengths, less padding (see docs/telemetry.md) | "
         "batch_rebalance: each optimizer step's rows drawn at random, then sorted by length into its "
         "gradient-accumulation micro-batches (transformers' BatchRebalanceSampler): less padding, the same rows per "
-        "step", "random")
+        "step", "random", choices=("random", "group_by_length", "batch_rebalance"))
     activation_offloading: bool = arg("TRL's activation offloading: saved activations go to CPU memory during the "
                                       "forward pass and come back for the backward; for long sequences (CUDA)", False,
                                       added=True, resumable=True)
@@ -148,9 +149,9 @@ def train(stage: Any, model_cfg: Any, model_path: Path, tok: Any, dataset: Any, 
 
 def run(ctx: Any) -> dict:
     """Train the input checkpoint on the stage's data or mixture; the result lands in `ctx.out_dir/model`."""
-    from pipeline.config import cache_dir
     from pipeline.data import chat
     from pipeline.data.mixtures import load_mixture
+    from pipeline.runfolder import cache_dir
     from pipeline.train.models import load_tokenizer
 
     tok = load_tokenizer(ctx.input_model, ctx.cfg.model, need_template=ctx.stage.format == "chat")

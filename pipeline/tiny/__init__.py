@@ -17,8 +17,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from pipeline.config import cache_dir
 from pipeline.files import write_text
+from pipeline.runfolder import cache_dir
 from pipeline.tiny import data
 from pipeline.tiny.settings import TinyConfig
 

@@ -27,9 +27,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import keys
-from pipeline.config import ModelConfig, cache_dir, fingerprint_view
 from pipeline.data.chat import template_text
 from pipeline.files import atomic_dir, fingerprint
+from pipeline.fingerprints import fingerprint_view
+from pipeline.runfolder import cache_dir
+from pipeline.settings import ModelConfig
 from pipeline.tiny.settings import TinyConfig
 
 NAMES = ["Tom", "Mia", "Sam", "Ava", "Leo", "Zoe", "Max", "Ivy", "Ben", "Amy", "Dan", "Eva"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.config import arg
+from pipeline.settings import arg
 
 
 @dataclass
@@ -29,4 +29,5 @@ class TinyConfig:
     pretrain_max_length: int = arg("pretraining sequence length", 256)
     pretrain_learning_rate: float = arg("pretraining learning rate", 2e-3)
     matmul_precision: str = arg("the pretraining's fp32 matrix products (highest | high | medium; see a stage's "
-                                "matmul_precision)", "highest", added=True)
+                                "matmul_precision)", "highest", added=True,
+                                choices=("highest", "high", "medium"))
