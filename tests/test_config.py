@@ -5,15 +5,17 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 from conftest import ROOT
+from omegaconf import OmegaConf
 
 from pipeline.config import load_config
 from pipeline.data.mixtures import load_spec, stage_mixtures
 from pipeline.errors import ConfigError
 from pipeline.recipe_files import available_recipes
-from pipeline.settings import kind_of, stage_names
+from pipeline.settings import is_section, kind_of, stage_names
 
 CASES = [
     (["sft.learnin_rate=3e-4"], "unknown config key 'sft.learnin_rate'", "did you mean 'sft.learning_rate'"),
@@ -147,3 +149,33 @@ def test_length_grouped_sampling_reaches_the_trainer(tmp_path):
     cfg = load_config(["recipe=tiny", "sft.train_sampling_strategy=group_by_length"])
     assert sft_args(cfg.sft, tmp_path, 0, "fp32").train_sampling_strategy == "group_by_length"
     assert sft_args(cfg.midtrain, tmp_path, 0, "fp32").train_sampling_strategy == "random"
+
+
+
+def _choice_fields(section, key: str):
+    """(dotted key, choices) of every field under `section` that declares the values it takes."""
+    for f in fields(OmegaConf.get_type(section)):
+        if is_section(section[f.name]):
+            yield from _choice_fields(section[f.name], f"{key}.{f.name}")
+        elif f.metadata.get("choices"):
+            yield f"{key}.{f.name}", f.metadata["choices"]
+
+
+def test_every_field_that_declares_its_choices_refuses_another_value_naming_them():
+    cfg = load_config(["recipe=tiny"])
+    found = [kc for name in cfg if is_section(cfg[name]) for kc in _choice_fields(cfg[name], name)]
+    assert {"model.precision", "sft.format", "dpo.on_policy.backend", "ppo.kl_estimator", "sft.gate.action",
+            "eval.backend", "tiny.matmul_precision"} <= {key for key, _ in found}
+    for key, choices in found:
+        assert OmegaConf.select(cfg, key) in (*choices, None), key  # the defaults are among them
+        with pytest.raises(ConfigError) as err:
+            load_config(["recipe=tiny", f"{key}=bogus"])
+        assert str(err.value) == f"'{key}' is 'bogus'; choose one of {', '.join(choices)}"
+
+
+def test_a_value_is_judged_by_the_choices_of_its_own_field():
+    """SFT declares its samplers; DPO passes TRL's `train_sampling_strategy` through, which takes `sequential` too."""
+    assert load_config(["recipe=tiny", "dpo.train_sampling_strategy=sequential"]).dpo.train_sampling_strategy == \
+        "sequential"
+    with pytest.raises(ConfigError, match="'sft.train_sampling_strategy' is 'sequential'; choose one of random, "):
+        load_config(["recipe=tiny", "sft.train_sampling_strategy=sequential"])
