@@ -8,7 +8,7 @@ from nothing else:
   a task file stands for the contents of what it names (`text_digest`). Never an absolute path, the working
   directory, the run's name or folder, or where a cache lies: moving a checkout or a run folder, another output
   root, or a model kept under `.cache` or in a Hub snapshot changes no key;
-- **the settings that change the result** (the config views of `pipeline.config`);
+- **the settings that change the result** (the config views of `pipeline.fingerprints`);
 - **Hub models and datasets by commit**: a branch or tag is resolved to a commit once per run folder
   (chain/revisions.py, `hub_commit`) and keys hold the commit (`resolved`); one that cannot be resolved stays a
   branch name, which the log and the plan say moves;

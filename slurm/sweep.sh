@@ -22,7 +22,9 @@ done
 read -r stage n < <(python - "$stage" "${args[@]}" <<'PY'
 import sys
 
-from pipeline.config import ConfigError, grid, load_config, sweeps
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+from pipeline.grid import grid, sweeps
 
 try:
     cfg = load_config(sys.argv[2:])
