@@ -118,3 +118,20 @@ def test_tiny_plan_and_an_existing_run_planned_by_the_orchestrator(tmp_path, cac
     proc = run_cli(*args, "plan=true", "plan.output=json")
     assert proc.returncode == 0, proc.stderr
     assert [s["action"] for s in json.loads(proc.stdout)["stages"]] == ["resume", "train", "train"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("eval.tasks=[tiny_gsmm]", "error: unknown eval task 'tiny_gsmm': not among the run's tasks"),
+    ("sft.gate.metric=tiny_gsm_val/exact_match,strict-matc", "error: 'sft.gate.metric' is "
+     "'tiny_gsm_val/exact_match,strict-matc', which the stage's eval does not produce; did you mean "
+     "'tiny_gsm_val/exact_match,strict-match'?"),
+    ("sft.data=/no/such.jsonl", "error: stage 'sft' reads data /no/such.jsonl: dataset file not found: /no/such.jsonl"),
+], ids=["task", "gate-metric", "data-file"])
+def test_the_plan_refuses_what_the_preflight_would_without_loading_anything(bad, message, tmp_path, capsys):
+    from pipeline.run import main
+
+    extra = ["sft.mixture="] if bad.startswith("sft.data") else []
+    assert main(["recipe=tiny", f"output_root={tmp_path}", "plan=true", bad, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("error: ") == 1
+    assert not any(tmp_path.iterdir())  # nothing written, the synthetic data not generated

@@ -8,7 +8,9 @@ forward + backward); GPU-hours = FLOPs / (the GPU's peak x the assumed MFU). The
 from the model's config, never its weights: a local `config.json` (a built model's too), the settings a
 built model is made from, a table of known models, or `plan.params`. A new run folder is planned without
 importing torch; for an existing one the orchestrator's own per-stage decision (`pipeline.resume`: reuse /
-evaluate / resume / train) is shown, which loads the training stack. The settings set over the defaults are
+evaluate / resume / train) is shown, which loads the training stack. Before it, the checks that need no model,
+data or network (chain/dryrun.py: data files there, eval tasks known, gate metrics produced) refuse what a run
+would refuse. The settings set over the defaults are
 listed by where they came from (base recipe, recipe file, command line).
 """
 
@@ -16,15 +18,17 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 import textwrap
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.chain import revisions
+from pipeline.chain import dryrun, revisions
 from pipeline.chain.basemodel import architecture
 from pipeline.data.mixtures import load_spec, source_name, stage_mixtures
 from pipeline.errors import ConfigError
+from pipeline.evaluation import lmeval as evaluate
 from pipeline.evaluation import power
 from pipeline.grid import grid, sweeps
 from pipeline.keys import pinned, resolved, use_pins
@@ -175,6 +179,8 @@ def build(cfg: DictConfig, sources: dict[str, str] | None = None) -> dict:
     if not 0 < p.mfu <= 1 or p.num_gpus < 1 or p.params < 0 or p.output not in ("table", "json"):
         raise ConfigError("plan needs 0 < plan.mfu <= 1, plan.num_gpus >= 1, plan.params >= 0 and plan.output "
                           f"table | json; got {OmegaConf.to_container(p)}")
+    with tempfile.TemporaryDirectory() as tasks:  # the run's eval tasks, as a run writes them into its folder
+        dryrun.dry_run(cfg, evaluate.write_tasks(cfg, Path(tasks)))
     root = run_dir(cfg)
     use_pins(revisions.recorded(RunPaths(root).hub_revisions))  # what an existing run folder reads
     model = _model(cfg)

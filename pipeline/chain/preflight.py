@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import re
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,9 @@ from omegaconf import DictConfig
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from pipeline import extension, redact
+from pipeline.chain import dryrun
 from pipeline.chain.basemodel import check_model_path, local_config
+from pipeline.chain.dryrun import FAILED, Problems, enabled
 from pipeline.chain.resume import StageDecision, decide
 from pipeline.data import chat, formats
 from pipeline.data import mixtures as data
@@ -37,53 +38,35 @@ from pipeline.evaluation import lmeval as evaluate
 from pipeline.evaluation import power
 from pipeline.generation import engines
 from pipeline.settings import kind_of, passed_through
-from pipeline.suggest import did_you_mean
 from pipeline.train import precision
 from pipeline.train.models import load_tokenizer
 
 log = logging.getLogger("pipeline")
-FAILED = object()  # what a check that found a problem returns
 
 
 def check(cfg: DictConfig, root: Path, tasks_dir: Path, world_size: int) -> list[StageDecision]:
     """Run every check (the eval tasks already written to `tasks_dir`); return the stage decisions (on `world_size`
     ranks), or raise one ConfigError naming every problem."""
-    problems: list[str] = []
-
-    def attempt(check: Callable, *args: object) -> object:
-        try:
-            return check(*args)
-        except ConfigError as err:
-            if str(err) not in problems:  # a bad row met by two checks is one problem
-                problems.append(str(err))
-            return FAILED
-
+    problems = Problems()
     for one in (trl_values, device_settings, attention, vllm, hub_login):
-        attempt(one, cfg)
-    rows = attempt(stage_rows, cfg)
-    if attempt(check_model_path, cfg) is not FAILED:  # the chat template is read from that model's tokenizer
-        attempt(chat_template, cfg, {} if rows is FAILED else rows)
-        attempt(lora_targets, cfg)
-    decisions = attempt(decide, cfg, root, world_size)
-    attempt(eval_tasks, cfg, tasks_dir)
-    attempt(gate_metrics, cfg, tasks_dir)
-    if len(problems) == 1:
-        raise ConfigError(problems[0])
-    if problems:
-        raise ConfigError(f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+        problems.attempt(one, cfg)
+    rows = problems.attempt(stage_rows, cfg)
+    if problems.attempt(check_model_path, cfg) is not FAILED:  # the chat template is read from that model's tokenizer
+        problems.attempt(chat_template, cfg, {} if rows is FAILED else rows)
+        problems.attempt(lora_targets, cfg)
+    decisions = problems.attempt(decide, cfg, root, world_size)
+    problems.attempt(dryrun.eval_tasks, cfg, tasks_dir)
+    problems.attempt(dryrun.gate_metrics, cfg, tasks_dir)
+    problems.raise_them()
     warn_test_split_gates(cfg, tasks_dir)
     gate_power(cfg)
     return decisions  # type: ignore[return-value]
 
 
-def _enabled(cfg: DictConfig) -> list[str]:
-    return [name for name in cfg.stages if cfg[name].enabled]
-
-
 def kinds_run_here(cfg: DictConfig) -> None:
     """A stage whose kind cannot train under accelerate's DeepSpeed (`StageKind.no_deepspeed`: PPO's loop) is refused
     there. Checked first of all, before the process group that DeepSpeed would shape (`run_pipeline`)."""
-    for name in [n for n in _enabled(cfg) if kind_of(cfg, n).no_deepspeed] if deepspeed_on() else []:
+    for name in [n for n in enabled(cfg) if kind_of(cfg, n).no_deepspeed] if deepspeed_on() else []:
         raise ConfigError(f"stage '{name}' does not run under DeepSpeed ({kind_of(cfg, name).no_deepspeed}): run the "
                           f"chain with {name}.enabled=false here, then the same command under "
                           "--config_file ddp (or cpu), which reuses the finished stages")
@@ -92,7 +75,7 @@ def kinds_run_here(cfg: DictConfig) -> None:
 def trl_values(cfg: DictConfig) -> None:
     """Each enabled stage that passes TRL fields through builds its TRL config with them (no model loads), so a
     value the class refuses stops the run here."""
-    for name in [n for n in _enabled(cfg) if passed_through(cfg[n])]:
+    for name in [n for n in enabled(cfg) if passed_through(cfg[n])]:
         kind = kind_of(cfg, name)
         work = Path(tempfile.gettempdir()) / "trl-args-check" / "work"  # outside any run folder: no tracking
         try:
@@ -113,7 +96,7 @@ def device_settings(cfg: DictConfig) -> None:
     if precision.emulated_bf16(cfg.model.precision):
         log.warning("model.precision=bf16 on a CPU without bf16 instructions (avx512_bf16, AMX): torch emulates bf16 "
                     "products, about 15x slower than fp32 here; model.precision=fp32 trains faster on this machine")
-    for name in _enabled(cfg):
+    for name in enabled(cfg):
         precision.memory_args(cfg[name])
 
 
@@ -148,7 +131,7 @@ def attention(cfg: DictConfig) -> None:
 
 def vllm_uses(cfg: DictConfig) -> list[str]:
     """The config keys that ask for vLLM in this run (enabled stages, their evaluations and the base's)."""
-    stages = _enabled(cfg)
+    stages = enabled(cfg)
     keys = ["base_eval.backend"] if evaluate.settings(cfg, None)["backend"] == "vllm" else []
     keys += [f"{name}.eval.backend" for name in stages if evaluate.settings(cfg, name)["backend"] == "vllm"]
     return keys + [key for name in stages for key in kind_of(cfg, name).vllm_keys(cfg, name)]
@@ -226,7 +209,7 @@ def stage_rows(cfg: DictConfig) -> dict[str, list[tuple[str, dict]]]:
     the formats the stage trains on (`StageKind.mixtures`; a local file's other rows are of its first row's format,
     which its fingerprint checks); returns them per stage (the chat template is rendered on them)."""
     out: dict[str, list[tuple[str, dict]]] = {}
-    for name in _enabled(cfg):
+    for name in enabled(cfg):
         for source, accepted, role in kind_of(cfg, name).mixtures(cfg[name]):
             rows = data.head(source, cfg)
             for where, row in rows:
@@ -243,7 +226,7 @@ def lora_targets(cfg: DictConfig) -> None:
     a regular expression matched against full module names; all-linear: every linear layer): the model is
     instantiated on the meta device (no weights) and peft injects its adapter into it. Skipped when the model's
     config.json is not on this machine (yet)."""
-    stages = [n for n in _enabled(cfg) if cfg[n].lora.r > 0 and cfg[n].lora.target_modules != "all-linear"]
+    stages = [n for n in enabled(cfg) if cfg[n].lora.r > 0 and cfg[n].lora.target_modules != "all-linear"]
     folder = local_config(cfg) if stages else None
     if folder is None:
         return
@@ -269,40 +252,10 @@ def lora_targets(cfg: DictConfig) -> None:
                                   f"model's linear layers: {', '.join(leaves)}") from None
 
 
-def eval_tasks(cfg: DictConfig, tasks_dir: Path) -> None:
-    """Every task the base's and each enabled stage's evaluation scores is one lm-eval knows: written into the run
-    (`tasks_dir`: shipped and the recipe extension's), in `eval.include_path`, or in lm-eval's own registry (its
-    index is built once per process, only when a task is not local); an unknown name is refused with the closest
-    names lm-eval knows."""
-    for name in [None, *_enabled(cfg)]:
-        evaluate.check_tasks(evaluate.settings(cfg, name), tasks_dir)
-
-
-def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
-    """Each gate's metric is one its stage's evaluation produces (a metric its tasks report per problem under one of
-    their filters, read from the tasks' configs), and its `min` and `max_drop` fit the values it takes
-    (`power.impossible`)."""
-    for name in [n for n in _enabled(cfg) if cfg[n].gate.metric]:
-        ev, gate = evaluate.settings(cfg, name), cfg[name].gate
-        produced = evaluate.expected_metrics(ev, tasks_dir)
-        tie = gate.tie_break.partition("/")[0]  # candidates are scored on the tie-break's task too (sweep)
-        if tie and tie not in ev["tasks"]:
-            produced |= evaluate.expected_metrics({**ev, "tasks": [tie]}, tasks_dir)
-        for key, metric in (("metric", gate.metric), ("tie_break", gate.tie_break)):
-            if metric and metric not in produced:
-                listed = sorted(produced)[:12] + ([f"{len(produced) - 12} more"] if len(produced) > 12 else [])
-                raise ConfigError(f"'{name}.gate.{key}' is '{metric}', which the stage's eval does not produce"
-                                  f"{did_you_mean(metric, produced)} (eval tasks {ev['tasks']} produce: "
-                                  f"{', '.join(listed) or 'nothing'})")
-        problem = power.impossible(gate)
-        if problem:
-            raise ConfigError(f"'{name}.gate': {problem}")
-
-
 def gate_power(cfg: DictConfig) -> None:
     """Say what each gate would see under the stated assumption, before its input is scored (`power.before_run`):
     the chain measures it once the gate has judged, and warns then about a gate that cannot see."""
-    for name in _enabled(cfg):
+    for name in enabled(cfg):
         sight = power.before_run(cfg, name)
         if sight:
             miss = f"; under that assumption it may miss what it judges: {sight['may_miss']}" if sight.get(
@@ -312,7 +265,7 @@ def gate_power(cfg: DictConfig) -> None:
 
 def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:
     """Warn about a gate that judges a test split (allowed: test numbers are for the report)."""
-    for name in [n for n in _enabled(cfg) if cfg[n].gate.metric]:
+    for name in [n for n in enabled(cfg) if cfg[n].gate.metric]:
         task, ev = cfg[name].gate.metric.partition("/")[0], evaluate.settings(cfg, name)
         if evaluate.metric_splits(ev, tasks_dir).get(task) == "test":
             log.warning("the gate of stage %s judges %s on a test split: test numbers are for the report; gate and "

@@ -27,11 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import extension, keys
 from pipeline.data.mixtures import hub_source
 from pipeline.errors import ConfigError
-from pipeline.evaluation import lmeval_fast, stats
+from pipeline.evaluation import stats
 from pipeline.files import write_text
-from pipeline.generation import engines, generator
 from pipeline.runfolder import remember, samples_file
-from pipeline.train.models import engine_args, load_tokenizer
 
 log = logging.getLogger("pipeline")
 TASK_TEMPLATES = Path(__file__).resolve().with_name("tasks")
@@ -227,6 +225,8 @@ def describe_format(fmt: dict) -> str:
 def fast_generation(ev: dict) -> bool:
     """Whether `run_eval` scores through `lmeval_fast.applied()`: unless `eval.fast_generation` is false, and only
     while every target it patches is there as expected (else one warning naming it, and stock lm-eval)."""
+    from pipeline.evaluation import lmeval_fast
+
     if ev.get("fast_generation") is False:
         return False
     changed = lmeval_fast.drift()
@@ -252,6 +252,8 @@ def run_eval(model_path: str | Path, ev: dict, tasks_dir: Path, out_dir: Path, m
     `vllm` (lm-eval's vllm model on the checkpoint's files with the loader's engine settings, started and stopped
     here)."""
     from lm_eval import simple_evaluate
+
+    from pipeline.evaluation import lmeval_fast
 
     started = time.time()
     fmt = prompt_format(ev)
@@ -307,6 +309,8 @@ def mark_stops(results: dict, model_path: str | Path, model_cfg: Any, ev: dict) 
                  if configs.get(t, {}).get("output_type") == "generate_until"}
     if not generated:
         return
+    from pipeline.train.models import load_tokenizer
+
     tok = load_tokenizer(model_path, model_cfg, saved=True)
     for task, rows in generated.items():
         budget = (ev.get("max_gen_toks") or (configs[task].get("generation_kwargs") or {}).get("max_gen_toks")
@@ -327,6 +331,8 @@ def _hf_lm(model_path: str | Path, ev: dict, fmt: dict, model_cfg: Any) -> Itera
     with ranks that are not evaluating (GPUs) or take on DeepSpeed's settings."""
     from lm_eval.models.huggingface import HFLM
 
+    from pipeline.generation import generator
+
     with generator.load(model_path, model_cfg, saved=True) as gen:
         yield HFLM(pretrained=gen.model, tokenizer=gen.tokenizer, batch_size=ev["batch_size"],
                    chat_template_args=fmt["chat_template_kwargs"])
@@ -338,6 +344,9 @@ def _vllm_lm(model_path: str | Path, ev: dict, fmt: dict, model_cfg: Any) -> Ite
     (`models.engine_args`: precision and trust_remote_code) and shut down on leaving; handed `eval.batch_size`
     requests at a time (a number: with "auto", lm-eval asks vLLM for a progress bar, which fails under
     TQDM_DISABLE). lm-eval builds the engine itself: its model takes no engine built elsewhere."""
+    from pipeline.generation import engines
+    from pipeline.train.models import engine_args
+
     with engines.starting():
         lm = engines.lmeval_vllm_class()(pretrained=str(model_path), batch_size=ev["batch_size"],
                                          max_gen_toks=ev["max_gen_toks"], seed=1234,

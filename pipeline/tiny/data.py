@@ -187,11 +187,11 @@ def tiny_dir(cache: Path, tiny: dict, model_cfg: Any, seed: int) -> Path:
     return Path(cache) / f"tiny-{keys.key(tiny_key(tiny, model_cfg, seed))}"
 
 
-def data_dir(cache: Path, tiny: dict) -> Path:
-    """Write the synthetic splits (once) and return their folder."""
+def data_dir(cache: Path, tiny: dict, build: bool = True) -> Path:
+    """Write the synthetic splits (once; not when `build` is false: a plan writes nothing) and return their folder."""
     params = {k: tiny[k] for k in DATA_KEYS}
     out = Path(cache) / f"tiny-data-{fingerprint({**params, 'version': DATA_VERSION})}"
-    if not out.is_dir():
+    if build and not out.is_dir():
         with atomic_dir(out, first_wins=True) as tmp:  # any rank, any run: the first complete one is kept
             for split, rows in build_splits(params).items():
                 with open(tmp / f"{split}.jsonl", "w", encoding="utf-8") as fh:
@@ -200,5 +200,6 @@ def data_dir(cache: Path, tiny: dict) -> Path:
 
 
 def split_file(cfg: DictConfig, split: str) -> Path:
-    """The `generator: tiny` data source: the file of `split` for this run's tiny settings (generated once)."""
-    return data_dir(cache_dir(cfg), OmegaConf.to_container(cfg.tiny)) / f"{split}.jsonl"
+    """The `generator: tiny` data source: the file of `split` for this run's tiny settings (generated once, but by a
+    plan)."""
+    return data_dir(cache_dir(cfg), OmegaConf.to_container(cfg.tiny), build=not cfg.plan.enabled) / f"{split}.jsonl"
