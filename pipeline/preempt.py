@@ -8,13 +8,18 @@ there a signal stops it at once, its partial result is dropped (it is redone on 
 before it stays. Work of the main process alone runs in `main_only`, where the other ranks wait and then stop
 with it, together. A second Ctrl-C stops at once (KeyboardInterrupt). Processes the run starts (a vLLM engine
 core) start `shielded` from these signals: the run stops them itself, so a signal sent to every process of a
-Slurm step or a terminal's process group never turns into their crash.
+Slurm step or a terminal's process group never turns into their crash. Under Slurm, a checkpoint is not started
+when the job ends (`SLURM_JOB_END_TIME`) sooner than the stage's last save took: the stage stops with exit 75
+instead, so the job requeues from the checkpoint before rather than timing out in the middle of a save.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,9 +28,11 @@ from transformers import TrainerCallback
 from pipeline.distributed import any_rank, is_main, world_size
 from pipeline.errors import Preempted
 
+log = logging.getLogger("pipeline")
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-# the first signal's name; the section a signal stops now; how many SIGINTs came
-_requested: dict[str, Any] = {"signal": None, "interruptible": None, "sigints": 0}
+# the first signal's name (or the reason `stop` gave); the section a signal stops now; how many SIGINTs came;
+# the reason `stop` gave
+_requested: dict[str, Any] = {"signal": None, "interruptible": None, "sigints": 0, "reason": None}
 
 
 class _Interrupt(BaseException):
@@ -54,17 +61,29 @@ def requested() -> str | None:
     return _requested["signal"]
 
 
+def _why() -> str:
+    """Why the run stops: `SIGNAL received`, or the reason `stop` gave; empty when nothing asked."""
+    what = requested() or ""
+    return what if what == _requested["reason"] or not what else f"{what} received"
+
+
+def stop(reason: str) -> None:
+    """Stop at the next safe point as on a signal, for `reason` (unless a signal came first)."""
+    if not _requested["signal"]:
+        _requested["signal"] = _requested["reason"] = reason
+
+
 def check(where: str) -> None:
     """Raise `Preempted` at a safe point if a signal arrived."""
     if requested():
-        raise Preempted(f"{requested()} received; stopped cleanly {where}")
+        raise Preempted(f"{_why()}; stopped cleanly {where}")
 
 
 def check_together(where: str) -> None:
     """`check` on every rank at once (an all-reduce): when any rank got a signal, every rank raises `Preempted`
     here, so none goes on alone into work the others have left."""
     if any_rank(requested() is not None):
-        raise Preempted(f"{requested() or 'a peer rank'} received; stopped cleanly {where}")
+        raise Preempted(f"{_why() or 'a peer rank received a signal'}; stopped cleanly {where}")
 
 
 @contextlib.contextmanager
@@ -102,7 +121,7 @@ def main_only(where: str) -> Iterator[bool]:
     except Preempted as err:
         stopped = err
     if any_rank(stopped is not None or requested() is not None):  # the wait: every rank meets here
-        raise stopped or Preempted(f"{requested() or 'a peer rank'} stopped the run {where}")
+        raise stopped or Preempted(f"{_why() or 'a peer rank'} stopped the run {where}")
 
 
 @contextlib.contextmanager
@@ -116,12 +135,42 @@ def shielded() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
+def job_time_left() -> float | None:
+    """Seconds until the Slurm job's time limit (`SLURM_JOB_END_TIME`, a Unix time); None outside a timed job."""
+    try:
+        return float(os.environ["SLURM_JOB_END_TIME"]) - time.time()
+    except (KeyError, ValueError):
+        return None
+
+
 class PreemptCallback(TrainerCallback):
-    """After each optimizer step: on a preemption signal, save a checkpoint and stop training."""
+    """After each optimizer step: on a preemption signal, save a checkpoint and stop training. A save is not started
+    when the job ends sooner than the last save took (`save_s`, measured here): training stops without it, the run
+    exits 75, and the requeued job resumes from the checkpoint before."""
+
+    def __init__(self) -> None:
+        self.save_s: float | None = None  # how long the last checkpoint took
+        self._save_started: float | None = None
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
         if any_rank(requested() is not None):  # all ranks stop at the same step
             _requested["signal"] = _requested["signal"] or "a peer's signal"
             control.should_save = True
             control.should_training_stop = True
+        left = job_time_left()
+        if control.should_save and any_rank(left is not None and self.save_s is not None and left < self.save_s):
+            if is_main():
+                log.warning("no checkpoint at step %d: the job ends in %.0f s and the last save took %.0f s; stopping "
+                            "without it (exit 75: the requeued job resumes from the checkpoint before)",
+                            state.global_step, max(left or 0.0, 0.0), self.save_s)
+            stop(f"the job's time limit is nearer than a save ({max(left or 0.0, 0.0):.0f} s left, the last save took "
+                 f"{self.save_s:.0f} s)")
+            control.should_save = False
+            control.should_training_stop = True
+        self._save_started = time.monotonic() if control.should_save else None
+        return control
+
+    def on_save(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook
+        if self._save_started is not None:
+            self.save_s = time.monotonic() - self._save_started
         return control

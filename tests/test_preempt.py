@@ -20,9 +20,9 @@ def handlers():
     """The run's handlers, installed for the test and removed after it, with a clear flag."""
     saved = {sig: signal.getsignal(sig) for sig in preempt.SIGNALS}
     preempt.install()
-    preempt._requested.update(signal=None, sigints=0)
+    preempt._requested.update(signal=None, sigints=0, reason=None)
     yield
-    preempt._requested.update(signal=None, sigints=0)
+    preempt._requested.update(signal=None, sigints=0, reason=None)
     for sig, handler in saved.items():
         signal.signal(sig, handler)
 
@@ -81,6 +81,34 @@ def test_main_only_stops_a_single_process_with_the_section_named(handlers):
 def _wait_then_report(queue) -> None:
     queue.put(os.getpid())
     time.sleep(5)
+
+
+
+def test_no_save_is_started_when_the_job_ends_sooner_than_the_last_save_took(handlers, monkeypatch):
+    """Under Slurm (`SLURM_JOB_END_TIME`) a save is timed; one that could not finish before the job's end is not
+    started: training stops without it and the run exits 75, to requeue from the checkpoint before."""
+    from transformers import TrainerControl, TrainerState
+
+    callback, state = preempt.PreemptCallback(), TrainerState(global_step=5)
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(time.time() + 3600))
+    control = callback.on_step_end(None, state, TrainerControl(should_save=True))
+    assert control.should_save and not control.should_training_stop  # no save measured yet, an hour left
+    _busy(0.3)  # the save
+    callback.on_save(None, state, control)
+    assert 0.3 <= callback.save_s < 5
+    control = callback.on_step_end(None, state, TrainerControl(should_save=True))
+    assert control.should_save and not control.should_training_stop and preempt.requested() is None
+    state.global_step = 10
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(time.time() + 0.1))  # Slurm's warning came late, or saves grew
+    control = callback.on_step_end(None, state, TrainerControl(should_save=True))
+    assert not control.should_save and control.should_training_stop
+    with pytest.raises(Preempted, match=r"^the job's time limit is nearer than a save \(0 s left, the last save "
+                                        r"took 0 s\); stopped cleanly in 01-sft$"):
+        preempt.check("in 01-sft")
+    monkeypatch.delenv("SLURM_JOB_END_TIME")  # outside a timed job, saves are never skipped
+    preempt._requested.update(signal=None, reason=None)
+    control = callback.on_step_end(None, state, TrainerControl(should_save=True))
+    assert control.should_save and not control.should_training_stop
 
 
 @pytest.mark.slow
