@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -37,9 +38,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@functools.cache
+def pid_space() -> str:
+    """Where this process's pid means something, as a temp name carries it: `<hostname>~<8 hex digits of the boot id
+    and pid namespace>` (two containers may share a hostname, not a pid namespace); the hostname alone where /proc
+    does not say."""
+    ids = _pid_space()
+    if None in ids.values():
+        return socket.gethostname()
+    return f"{socket.gethostname()}~{hashlib.sha256(repr(sorted(ids.items())).encode()).hexdigest()[:8]}"
+
+
 def temp_name(path: Path, kind: str = "tmp") -> Path:
-    """A hidden name beside `path` that no other writer, on any host, in any thread, picks."""
-    return path.with_name(f".{path.name}.{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    """A hidden name beside `path` that no other writer, on any host, in any thread, picks; it names its writer's
+    pid and where that pid means something (`pid_space`)."""
+    return path.with_name(f".{path.name}.{kind}-{pid_space()}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 
 def write_text(path: Path, text: str) -> None:
@@ -434,13 +447,14 @@ def _newest_mtime(path: Path) -> float:
 def remove_leftovers(root: Path, lease_s: float | None = None) -> list[Path]:
     """Remove the temporary files and folders that killed writers left under the run folder `root`; return them.
 
-    Names made by `temp_name` (`.<name>.tmp-<host>-<pid>-<id>`, `.<name>.old-...`) go when their writer is gone
+    Names made by `temp_name` (`.<name>.tmp-<pid space>-<pid>-<id>`, `.<name>.old-...`) go when their writer is gone
     (an `.old` one whose `<name>` is missing is put back instead: `commit_dir` was killed between its renames):
-    on this host its pid is dead; on another host nothing under the name changed for a lease (`LEASE_S`), as a
-    live writer there (a sweep array task on another node) keeps writing. Hidden `.<name>.tmp` folders, whose
-    writer is unknown, go after a lease too. Call it holding the run lock."""
+    in this pid space (`pid_space`: this host's boot and pid namespace) its pid is dead; elsewhere (another host,
+    another container of this host, or a writer of a release that named the host only) nothing under the name
+    changed for a lease (`LEASE_S`), as a live writer there (a sweep array task on another node) keeps writing.
+    Hidden `.<name>.tmp` folders, whose writer is unknown, go after a lease too. Call it holding the run lock."""
     lease = lock_timing()[0] if lease_s is None else lease_s
-    host, now, removed = socket.gethostname(), time.time(), []
+    host, now, removed = pid_space(), time.time(), []
     for sub, dirs, files in os.walk(root):
         for name in [*dirs, *files]:
             path = Path(sub) / name

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +17,7 @@ from test_orchestrator import Chain, _record, chain  # noqa: F401 - `chain` is a
 
 from pipeline.chain import orchestrator
 from pipeline.errors import LockLost
-from pipeline.files import RunLock
+from pipeline.files import RunLock, pid_space
 from pipeline.runfolder import StageRecord, input_stage
 from pipeline.train.trainer import COMPLETE, CheckpointMarker, last_complete_checkpoint, mark_checkpoint
 
@@ -190,7 +189,7 @@ def test_work_goes_only_after_the_record_says_trained(chain, monkeypatch):  # no
 @pytest.mark.slow
 def test_leftovers_of_killed_writers_and_finished_work_are_removed_at_start(chain):  # noqa: F811
     code, run, _ = chain(SCORES)
-    stage, host = run / "stages/01-sft", socket.gethostname()
+    stage, host = run / "stages/01-sft", pid_space()
     dead = stage / f".model.tmp-{host}-{2**22 + 5}-{'a' * 12}"  # a killed save of the stage's model
     (dead / "sub").mkdir(parents=True)
     (dead / "sub/model.safetensors").write_bytes(b"x")

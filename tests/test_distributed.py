@@ -70,11 +70,15 @@ def test_chain_on_two_processes_matches_one_process_with_accumulation(config, di
     else:
         launcher, where = [str(Path(sys.executable).with_name("smol-pipeline")), "--config_file", config,
                            "--num_processes", "2"], tmp_path
+    # ZeRO-3 with the optimizer offloaded to the CPU (DeepSpeed's CPU Adam) is ZeRO-3 plus where the optimizer steps:
+    # its first stage shows it (the whole chain under ZeRO-3 is the case before it)
+    stages = STAGES[:1] if config == "zero3_offload" else STAGES
     proc = subprocess.run([*launcher, "recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *CHAIN,
-                           *_accumulation(1)], cwd=where, capture_output=True, text=True, timeout=900)
+                           *_accumulation(1), f"stages=[{','.join(s.partition('-')[2] for s in stages)}]"],
+                          cwd=where, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "tiny"
-    for stage in STAGES:
+    for stage in stages:
         record, reference = _record(run, stage), _record(one_process, stage)
         assert record["status"] == "done" and record["world_size"] == 2
         m = record["metrics"]

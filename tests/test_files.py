@@ -20,7 +20,7 @@ import pytest
 from conftest import ROOT
 
 from pipeline.errors import LockLost
-from pipeline.files import RunLock, atomic_dir, fence, read_json, remove_leftovers, write_json
+from pipeline.files import RunLock, atomic_dir, fence, pid_space, read_json, remove_leftovers, temp_name, write_json
 
 WRITERS = 8
 PARTS = 20
@@ -273,7 +273,7 @@ def test_contenders_racing_on_a_stale_lock_exactly_one_wins(tmp_path):
 
 
 def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
-    host, dead = socket.gethostname(), 2**22 + 11
+    host, dead = pid_space(), 2**22 + 11
     stage = tmp_path / "stages/01-sft"
     (stage / "work").mkdir(parents=True)
     dead_file = stage / f".stage.json.tmp-{host}-{dead}-{'a' * 12}"
@@ -281,21 +281,28 @@ def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     live_file = stage / f".stage.json.tmp-{host}-{os.getppid()}-{'c' * 12}"  # a live writer on this host
     far_old = stage / "work" / f".model.old-node-b-77-{'d' * 12}"  # another host's, untouched for a lease
     far_new = stage / f".model.tmp-node-b-78-{'e' * 12}"  # another host's, written to just now
+    # this hostname in another container (its own pid namespace), or a release that named the host only: a pid
+    # dead here may be alive there, so the lease decides
+    twin_new = stage / f".model.tmp-{socket.gethostname()}~0badf00d-{dead}-{'f' * 12}"
+    twin_old = stage / f".model.tmp-{socket.gethostname()}-{dead}-{'9' * 12}"
     legacy = stage / ".model.tmp"  # save_checkpoint's old name: its writer is unknown
-    for d in (dead_dir, far_old, far_new, legacy):
+    for d in (dead_dir, far_old, far_new, legacy, twin_new, twin_old):
         (d / "sub").mkdir(parents=True)
         (d / "sub/weights.bin").write_bytes(b"x")
     for f in (dead_file, live_file):
         f.write_text("{")
-    for path in (far_old, far_old / "sub", far_old / "sub/weights.bin", legacy, legacy / "sub",
-                 legacy / "sub/weights.bin"):
-        os.utime(path, (time.time() - 500, time.time() - 500))
+    for old in (far_old, legacy, twin_old):
+        for path in (old, old / "sub", old / "sub/weights.bin"):
+            os.utime(path, (time.time() - 500, time.time() - 500))
     (stage / "stage.json").write_text("{}")
     (stage / "work" / "model").mkdir()  # far_old's commit went through: its old copy is a leftover
     removed = remove_leftovers(tmp_path, lease_s=120)
-    assert sorted(removed) == sorted([dead_file, dead_dir, far_old, legacy])
+    assert sorted(removed) == sorted([dead_file, dead_dir, far_old, legacy, twin_old])
     assert all(not p.exists() for p in removed)
     assert live_file.exists() and (far_new / "sub/weights.bin").exists() and (stage / "stage.json").exists()
+    assert (twin_new / "sub/weights.bin").exists()
+    assert pid_space().startswith(f"{socket.gethostname()}~") and temp_name(stage / "x").name.startswith(
+        f".x.tmp-{pid_space()}-{os.getpid()}-")
 
 
 def test_a_commit_killed_between_its_renames_leaves_the_old_folder(tmp_path, monkeypatch):
