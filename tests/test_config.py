@@ -134,7 +134,7 @@ def test_smol_recipe_has_published_settings():
 @pytest.mark.parametrize("recipe", available_recipes())
 def test_every_shipped_recipe_has_gates_its_eval_produces(recipe, tmp_path):
     """Its tasks are known and its gates read metrics they produce (any task's: tests/test_eval_tasks.py)."""
-    from pipeline.chain.preflight import eval_tasks, gate_metrics
+    from pipeline.chain.dryrun import eval_tasks, gate_metrics
     from pipeline.evaluation.lmeval import write_tasks
 
     cfg = load_config([f"recipe={recipe}", f"output_root={tmp_path}"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from pipeline.chain.preflight import eval_tasks, gate_metrics
+from pipeline.chain.dryrun import eval_tasks, gate_metrics
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
 from pipeline.evaluation import stats, verifiers
