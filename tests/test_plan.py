@@ -125,7 +125,7 @@ def test_tiny_plan_and_an_existing_run_planned_by_the_orchestrator(tmp_path, cac
     ("sft.gate.metric=tiny_gsm_val/exact_match,strict-matc", "error: 'sft.gate.metric' is "
      "'tiny_gsm_val/exact_match,strict-matc', which the stage's eval does not produce; did you mean "
      "'tiny_gsm_val/exact_match,strict-match'?"),
-    ("sft.data=/no/such.jsonl", "error: stage 'sft' reads data /no/such.jsonl: dataset file not found: /no/such.jsonl"),
+    ("sft.data=/no/such.jsonl", "error: 'sft' reads data /no/such.jsonl: dataset file not found: /no/such.jsonl"),
 ], ids=["task", "gate-metric", "data-file"])
 def test_the_plan_refuses_what_the_preflight_would_without_loading_anything(bad, message, tmp_path, capsys):
     from pipeline.run import main

@@ -1,6 +1,6 @@
-"""The checks that read no model, no data and no network, and import no torch: every local data file a stage names is
-there, every eval task is one lm-eval knows, every gate's metric is one its evaluation produces. `plan=true` makes
-them (`dry_run`); the preflight (preflight.py) makes them among its own, in the same pass.
+"""The checks that read no model, no data and no network, and import no torch: every eval task is one lm-eval knows,
+every gate's metric is one its evaluation produces. `plan=true` makes them (`dry_run`; it refuses a missing data
+file as it counts tokens); the preflight (preflight.py) makes them among its own, in the same pass.
 """
 
 from __future__ import annotations
@@ -10,11 +10,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from pipeline.data import mixtures as data
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.evaluation import power
-from pipeline.settings import kind_of
 from pipeline.suggest import did_you_mean
 
 FAILED = object()  # what a check that found a problem returns
@@ -52,23 +50,12 @@ class Problems:
 
 def dry_run(cfg: DictConfig, tasks_dir: Path) -> None:
     """The checks of `plan=true`, offline and with no model or data loaded (the eval tasks already written to
-    `tasks_dir`): every local data file a stage reads is there, every eval task is one lm-eval knows, every gate's
-    metric is one its evaluation produces; one ConfigError naming every problem."""
+    `tasks_dir`): every eval task is one lm-eval knows, every gate's metric is one its evaluation produces; one
+    ConfigError naming every problem."""
     problems = Problems()
-    problems.attempt(data_files, cfg)
     problems.attempt(eval_tasks, cfg, tasks_dir)
     problems.attempt(gate_metrics, cfg, tasks_dir)
     problems.raise_them()
-
-
-def data_files(cfg: DictConfig) -> None:
-    """Every local file an enabled stage's data or mixtures name is there (nothing is read)."""
-    for name in enabled(cfg):
-        for source, _, _ in kind_of(cfg, name).mixtures(cfg[name]):
-            for src in data.load_spec(source).sources:
-                if src.path and not Path(src.path).expanduser().is_file():
-                    raise ConfigError(f"stage '{name}' reads {data.source_name(source)}: dataset file not found: "
-                                      f"{src.path}")
 
 
 def eval_tasks(cfg: DictConfig, tasks_dir: Path) -> None:

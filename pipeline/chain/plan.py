@@ -9,9 +9,8 @@ from the model's config, never its weights: a local `config.json` (a built model
 built model is made from, a table of known models, or `plan.params`. A new run folder is planned without
 importing torch; for an existing one the orchestrator's own per-stage decision (`pipeline.resume`: reuse /
 evaluate / resume / train) is shown, which loads the training stack. Before it, the checks that need no model,
-data or network (chain/dryrun.py: data files there, eval tasks known, gate metrics produced) refuse what a run
-would refuse. The settings set over the defaults are
-listed by where they came from (base recipe, recipe file, command line).
+data or network (chain/dryrun.py: eval tasks known, gate metrics produced) refuse what a run would refuse. The
+settings set over the defaults are listed by where they came from (base recipe, recipe file, command line).
 """
 
 from __future__ import annotations
