@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.settings import is_section, kind_of, stage_names
+from pipeline.settings import enabled_stages, is_section, kind_of, stage_names
 from pipeline.suggest import show
 
 
@@ -50,7 +50,7 @@ def describe(cfg: DictConfig, sources: dict[str, str] | None = None) -> str:
     """Every key of the loaded config `cfg` (dotted, as overrides name it) with its value, type and help text, and
     where its value came from (`sources`, as `load_with_sources` records them); of the stage sections, only those
     of the stages `cfg` runs, in its order."""
-    runs, stages, sources = [n for n in cfg.stages if cfg[n].enabled], stage_names(cfg), sources or {}
+    runs, stages, sources = enabled_stages(cfg), stage_names(cfg), sources or {}
     others = [n for n in stages if n not in runs]
     top = OmegaConf.get_type(cfg).__dataclass_fields__
     hidden = f" (the keys of {', '.join(others)} appear when stages=[...] runs them)" if others else ""

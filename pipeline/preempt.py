@@ -30,8 +30,8 @@ from pipeline.errors import Preempted
 
 log = logging.getLogger("pipeline")
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-# the first signal's name (or the reason `stop` gave); the section a signal stops now; how many SIGINTs came;
-# the reason `stop` gave
+# the first signal's name (or the reason `stop` gave); the section a signal stops now; how many SIGINTs came; that
+# reason, which is not a signal received
 _requested: dict[str, Any] = {"signal": None, "interruptible": None, "sigints": 0, "reason": None}
 
 
@@ -159,12 +159,13 @@ class PreemptCallback(TrainerCallback):
             control.should_training_stop = True
         left = job_time_left()
         if control.should_save and any_rank(left is not None and self.save_s is not None and left < self.save_s):
+            left = max(left or 0.0, 0.0)  # None on a rank whose environment has no end: another rank's decided
             if is_main():
                 log.warning("no checkpoint at step %d: the job ends in %.0f s and the last save took %.0f s; stopping "
                             "without it (exit 75: the requeued job resumes from the checkpoint before)",
-                            state.global_step, max(left or 0.0, 0.0), self.save_s)
-            stop(f"the job's time limit is nearer than a save ({max(left or 0.0, 0.0):.0f} s left, the last save took "
-                 f"{self.save_s:.0f} s)")
+                            state.global_step, left, self.save_s)
+            stop(f"the job's time limit is nearer than a save ({left:.0f} s left, the last save took {self.save_s:.0f} "
+                 "s)")
             control.should_save = False
             control.should_training_stop = True
         self._save_started = time.monotonic() if control.should_save else None

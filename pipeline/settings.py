@@ -183,7 +183,6 @@ def declared(stage: Any) -> set[str]:
     return {f.name for f in fields(schema)} if is_dataclass(schema) else set()
 
 
-
 def is_section(value: Any) -> bool:
     """Whether a config node is a section of a settings dataclass (not a plain mapping such as `sweep`)."""
     return isinstance(value, DictConfig) and is_dataclass(OmegaConf.get_type(value))
@@ -284,6 +283,11 @@ def stage_names(cfg: DictConfig) -> list[str]:
     """The config's stage sections (one per registered kind, and every named stage), in config order."""
     return [n for n in cfg if isinstance(cfg[n], DictConfig) and issubclass(OmegaConf.get_type(cfg[n]) or dict,
                                                                               StageSettings)]
+
+
+def enabled_stages(cfg: DictConfig) -> list[str]:
+    """The stages the run trains: those `stages` lists that are enabled, in order."""
+    return [name for name in cfg.stages if cfg[name].enabled]
 
 
 def kind_of(cfg: DictConfig, name: str) -> StageKind:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from pipeline.data import sources
 from pipeline.errors import ConfigError
 from pipeline.grid import grid
-from pipeline.settings import RUN_OWNED, StageKind, declared, is_section, kind_of, kinds, stage_names
+from pipeline.settings import RUN_OWNED, StageKind, declared, enabled_stages, is_section, kind_of, kinds, stage_names
 from pipeline.suggest import apply, did_you_mean, show
 
 log = logging.getLogger("pipeline")
@@ -58,7 +58,7 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"'{name}.gate.test' is {gate.test}: set '{name}.gate.max_drop' (the allowed drop)")
         if cfg[name].candidate is not None and (name not in cfg.stages or not cfg[name].enabled):
             raise ConfigError(f"'{name}.candidate' trains one candidate of the {name} stage: list {name} in 'stages'")
-    for name in [n for n in cfg.stages if cfg[n].enabled]:
+    for name in enabled_stages(cfg):
         stage, kind = cfg[name], kind_of(cfg, name)
         sources.check(stage, name)
         if not kind.mixtures(stage):

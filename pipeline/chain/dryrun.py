@@ -13,14 +13,10 @@ from omegaconf import DictConfig
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.evaluation import power
+from pipeline.settings import enabled_stages
 from pipeline.suggest import did_you_mean
 
 FAILED = object()  # what a check that found a problem returns
-
-
-def enabled(cfg: DictConfig) -> list[str]:
-    """The stages the run trains, in order."""
-    return [name for name in cfg.stages if cfg[name].enabled]
 
 
 class Problems:
@@ -63,7 +59,7 @@ def eval_tasks(cfg: DictConfig, tasks_dir: Path) -> None:
     (`tasks_dir`: shipped and the recipe extension's), in `eval.include_path`, or in lm-eval's own registry (its
     index is built once per process, only when a task is not local); an unknown name is refused with the closest
     names lm-eval knows."""
-    for name in [None, *enabled(cfg)]:
+    for name in [None, *enabled_stages(cfg)]:
         evaluate.check_tasks(evaluate.settings(cfg, name), tasks_dir)
 
 
@@ -71,7 +67,7 @@ def gate_metrics(cfg: DictConfig, tasks_dir: Path) -> None:
     """Each gate's metric is one its stage's evaluation produces (a metric its tasks report per problem under one of
     their filters, read from the tasks' configs), and its `min` and `max_drop` fit the values it takes
     (`power.impossible`)."""
-    for name in [n for n in enabled(cfg) if cfg[n].gate.metric]:
+    for name in [n for n in enabled_stages(cfg) if cfg[n].gate.metric]:
         ev, gate = evaluate.settings(cfg, name), cfg[name].gate
         produced = evaluate.expected_metrics(ev, tasks_dir)
         tie = gate.tie_break.partition("/")[0]  # candidates are scored on the tie-break's task too (sweep)

@@ -32,7 +32,7 @@ from pipeline.evaluation import power
 from pipeline.grid import grid, sweeps
 from pipeline.keys import pinned, resolved, use_pins
 from pipeline.runfolder import RunPaths, model_dir, run_dir, stage_dir
-from pipeline.settings import data_source, kind_of
+from pipeline.settings import data_source, enabled_stages, kind_of
 from pipeline.train.flops import PEAK_FLOPS, flops_per_token, param_count, peak_flops
 
 KNOWN_MODELS = {  # published config.json fields of dense Llama-style models, so that planning needs no Hub
@@ -140,7 +140,7 @@ def _estimate(cfg: DictConfig, name: str, row: dict, model: dict, flops_per_s: f
 
 def _stages(cfg: DictConfig, root: Path, model: dict, flops_per_s: float) -> list[dict]:
     """One row per listed stage: its action, checkpoints, data and estimates."""
-    enabled = [n for n in cfg.stages if cfg[n].enabled]
+    enabled = enabled_stages(cfg)
     if RunPaths(root).stages.is_dir():
         from pipeline.chain.resume import decide  # an existing run: the orchestrator's own decision per stage
 

@@ -28,7 +28,7 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from pipeline import extension, redact
 from pipeline.chain import dryrun
 from pipeline.chain.basemodel import check_model_path, local_config
-from pipeline.chain.dryrun import FAILED, Problems, enabled
+from pipeline.chain.dryrun import FAILED, Problems
 from pipeline.chain.resume import StageDecision, decide
 from pipeline.data import chat, formats
 from pipeline.data import mixtures as data
@@ -37,7 +37,7 @@ from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.evaluation import power
 from pipeline.generation import engines
-from pipeline.settings import kind_of, passed_through
+from pipeline.settings import enabled_stages, kind_of, passed_through
 from pipeline.train import precision
 from pipeline.train.models import load_tokenizer
 
@@ -66,7 +66,7 @@ def check(cfg: DictConfig, root: Path, tasks_dir: Path, world_size: int) -> list
 def kinds_run_here(cfg: DictConfig) -> None:
     """A stage whose kind cannot train under accelerate's DeepSpeed (`StageKind.no_deepspeed`: PPO's loop) is refused
     there. Checked first of all, before the process group that DeepSpeed would shape (`run_pipeline`)."""
-    for name in [n for n in enabled(cfg) if kind_of(cfg, n).no_deepspeed] if deepspeed_on() else []:
+    for name in [n for n in enabled_stages(cfg) if kind_of(cfg, n).no_deepspeed] if deepspeed_on() else []:
         raise ConfigError(f"stage '{name}' does not run under DeepSpeed ({kind_of(cfg, name).no_deepspeed}): run the "
                           f"chain with {name}.enabled=false here, then the same command under "
                           "--config_file ddp (or cpu), which reuses the finished stages")
@@ -75,7 +75,7 @@ def kinds_run_here(cfg: DictConfig) -> None:
 def trl_values(cfg: DictConfig) -> None:
     """Each enabled stage that passes TRL fields through builds its TRL config with them (no model loads), so a
     value the class refuses stops the run here."""
-    for name in [n for n in enabled(cfg) if passed_through(cfg[n])]:
+    for name in [n for n in enabled_stages(cfg) if passed_through(cfg[n])]:
         kind = kind_of(cfg, name)
         work = Path(tempfile.gettempdir()) / "trl-args-check" / "work"  # outside any run folder: no tracking
         try:
@@ -96,7 +96,7 @@ def device_settings(cfg: DictConfig) -> None:
     if precision.emulated_bf16(cfg.model.precision):
         log.warning("model.precision=bf16 on a CPU without bf16 instructions (avx512_bf16, AMX): torch emulates bf16 "
                     "products, about 15x slower than fp32 here; model.precision=fp32 trains faster on this machine")
-    for name in enabled(cfg):
+    for name in enabled_stages(cfg):
         precision.memory_args(cfg[name])
 
 
@@ -131,7 +131,7 @@ def attention(cfg: DictConfig) -> None:
 
 def vllm_uses(cfg: DictConfig) -> list[str]:
     """The config keys that ask for vLLM in this run (enabled stages, their evaluations and the base's)."""
-    stages = enabled(cfg)
+    stages = enabled_stages(cfg)
     keys = ["base_eval.backend"] if evaluate.settings(cfg, None)["backend"] == "vllm" else []
     keys += [f"{name}.eval.backend" for name in stages if evaluate.settings(cfg, name)["backend"] == "vllm"]
     return keys + [key for name in stages for key in kind_of(cfg, name).vllm_keys(cfg, name)]
@@ -209,7 +209,7 @@ def stage_rows(cfg: DictConfig) -> dict[str, list[tuple[str, dict]]]:
     the formats the stage trains on (`StageKind.mixtures`; a local file's other rows are of its first row's format,
     which its fingerprint checks); returns them per stage (the chat template is rendered on them)."""
     out: dict[str, list[tuple[str, dict]]] = {}
-    for name in enabled(cfg):
+    for name in enabled_stages(cfg):
         for source, accepted, role in kind_of(cfg, name).mixtures(cfg[name]):
             rows = data.head(source, cfg)
             for where, row in rows:
@@ -226,7 +226,7 @@ def lora_targets(cfg: DictConfig) -> None:
     a regular expression matched against full module names; all-linear: every linear layer): the model is
     instantiated on the meta device (no weights) and peft injects its adapter into it. Skipped when the model's
     config.json is not on this machine (yet)."""
-    stages = [n for n in enabled(cfg) if cfg[n].lora.r > 0 and cfg[n].lora.target_modules != "all-linear"]
+    stages = [n for n in enabled_stages(cfg) if cfg[n].lora.r > 0 and cfg[n].lora.target_modules != "all-linear"]
     folder = local_config(cfg) if stages else None
     if folder is None:
         return
@@ -255,7 +255,7 @@ def lora_targets(cfg: DictConfig) -> None:
 def gate_power(cfg: DictConfig) -> None:
     """Say what each gate would see under the stated assumption, before its input is scored (`power.before_run`):
     the chain measures it once the gate has judged, and warns then about a gate that cannot see."""
-    for name in enabled(cfg):
+    for name in enabled_stages(cfg):
         sight = power.before_run(cfg, name)
         if sight:
             miss = f"; under that assumption it may miss what it judges: {sight['may_miss']}" if sight.get(
@@ -265,7 +265,7 @@ def gate_power(cfg: DictConfig) -> None:
 
 def warn_test_split_gates(cfg: DictConfig, tasks_dir: Path) -> None:
     """Warn about a gate that judges a test split (allowed: test numbers are for the report)."""
-    for name in [n for n in enabled(cfg) if cfg[n].gate.metric]:
+    for name in [n for n in enabled_stages(cfg) if cfg[n].gate.metric]:
         task, ev = cfg[name].gate.metric.partition("/")[0], evaluate.settings(cfg, name)
         if evaluate.metric_splits(ev, tasks_dir).get(task) == "test":
             log.warning("the gate of stage %s judges %s on a test split: test numbers are for the report; gate and "

@@ -30,7 +30,7 @@ from pipeline.evaluation import lmeval as evaluate
 from pipeline.fingerprints import fingerprint_view, stage_section, training_view
 from pipeline.grid import grid, sweeps, swept
 from pipeline.runfolder import FINISHED, RunPaths, StageRecord, checkpointed, finished, stage_dir
-from pipeline.settings import EvalConfig, ModelConfig
+from pipeline.settings import EvalConfig, ModelConfig, enabled_stages
 
 # settings that choose among a sweep's candidates (and the swept settings themselves): the data a stage prepares
 # for every candidate (pairs, reference log-probs) does not depend on them
@@ -151,7 +151,7 @@ def decide(cfg: DictConfig, root: Path, world_size: int | None = None) -> list[S
     another `world_size` than the interrupted attempt's (when given)."""
     upstream, forced, redone, out = base_fingerprint(cfg), False, False, []  # redone: an earlier stage redone now
     tasks_dir = RunPaths(root).eval_tasks
-    for i, name in enumerate([n for n in cfg.stages if cfg[n].enabled], 1):
+    for i, name in enumerate(enabled_stages(cfg), 1):
         sources = [fp for mix in data.stage_mixtures(cfg, name) for fp in data.fingerprints(mix, cfg)]
         config, schema = stage_section(cfg, name), OmegaConf.get_type(cfg[name])
         inputs = keys.key({"kind": name, "data": sources, "upstream": upstream, "seed": cfg.seed})
