@@ -126,6 +126,17 @@ def commit_dir(tmp: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def move_dir(src: Path, dest: Path) -> None:
+    """Rename the folder `src` to `dest`, which must not exist (creating its parent), durably: both parents are
+    fsynced. A kill leaves it at one of the two names."""
+    src, dest = Path(src), Path(dest)
+    fence(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(src, dest)  # POSIX: onto a non-empty folder this fails, it never merges or replaces
+    _fsync_dir(dest.parent)
+    _fsync_dir(src.parent)
+
+
 def publish_dir(tmp: Path, path: Path) -> bool:
     """Fsync the finished folder `tmp` and rename it to `path` unless another writer's complete folder is already
     there (the content is the same: `path` is content-addressed); then `tmp` is removed. Whether `tmp` won."""

@@ -4,6 +4,7 @@ fingerprint, and what the orchestrator hands a stage.
     <output_root>/<run_name>/stages/00-base/stage.json           the base model's evaluation
     <output_root>/<run_name>/stages/NN-name/{model/, stage.json}  one folder per enabled stage, NN from 01
     .../stages/NN-name/candidates/<id>/{model/, stage.json}      a sweep's candidates (grid, soup, merge)
+    <output_root>/<run_name>/kept/NN-name@<fingerprint>/          a finished stage another config replaced
 
 This is the one module that names a file or folder inside the run folder (`tests/test_runfolder_paths.py`): the
 run's own files (`RunPaths`), a stage's or candidate's folder (`model_dir`, `work_dir`, `samples_dir`, ...) and
@@ -35,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import keys
 from pipeline.errors import ConfigError
-from pipeline.files import RunLock, fence, fingerprint, write_json, write_text
+from pipeline.files import RunLock, fence, fingerprint, move_dir, write_json, write_text
 
 BASE = "00-base"
 RECORD = "stage.json"
@@ -148,6 +149,12 @@ class RunPaths:
     def stages(self) -> Path:
         """`stages/`: one folder per stage, `00-base` first; a folder without it is no run folder."""
         return Path(self.root) / STAGES
+
+    @property
+    def kept(self) -> Path:
+        """`kept/`: finished (or interrupted) stages and candidates that a stage of another fingerprint replaced
+        in `stages/` (`keep`), each restored where its fingerprint comes back (`restore`)."""
+        return Path(self.root) / "kept"
 
     @property
     def log(self) -> Path:
@@ -277,6 +284,49 @@ def stale_children(folder: Path, keep_prepared: bool) -> list[Path]:
     its record; the data it prepared (pairs, samples) stays when `keep_prepared` (prepared for the same inputs)."""
     kept, redone = {"model", "candidates", RECORD}, {"work", "eval"}
     return sorted(c for c in Path(folder).iterdir() if c.name not in kept and (not keep_prepared or c.name in redone))
+
+
+KEPT = (*FINISHED, "running")  # what `keep` moves aside rather than removing: a model, or checkpoints to resume
+
+
+def kept_dir(root: Path, folder: Path, fingerprint: str) -> Path:
+    """Where `keep` puts the stage or candidate `folder` of the run `root` that holds a record of `fingerprint`:
+    `kept/NN-name@<fp>`, `kept/NN-name/candidates/<id>@<fp>` (its path under `stages/`)."""
+    rel = Path(folder).relative_to(Path(root) / STAGES)
+    return RunPaths(root).kept / rel.parent / f"{rel.name}@{fingerprint[:16]}"
+
+
+def keep(root: Path, folder: Path) -> Path | None:
+    """Move the stage or candidate `folder` of the run `root` to `kept/` (`kept_dir`) when its record is finished
+    or interrupted (`KEPT`), so that another fingerprint can take its place and it can come back (`restore`);
+    return where it went, or None (nothing worth keeping: no record, or a stale one). Main process."""
+    record = StageRecord.read(folder)
+    if not (record.fingerprint and record.status in KEPT):
+        return None
+    target = kept_dir(root, folder, record.fingerprint)
+    while target.exists():  # the same fingerprint kept before: keep both
+        target = target.with_name(f"{target.name}+")
+    move_dir(folder, target)
+    return target
+
+
+def find_kept(root: Path, folder: Path, fingerprint: str) -> Path | None:
+    """The kept folder (`keep`) whose record has `fingerprint` and would go back to `folder`: the stage or
+    candidate `folder` itself kept, or, for a candidate, kept with its stage; None when there is none."""
+    stage = Path(folder).relative_to(Path(root) / STAGES).parts
+    kept = RunPaths(root).kept
+    found = sorted(kept_dir(root, folder, fingerprint).parent.glob(f"{stage[-1]}@{fingerprint[:16]}*"))
+    if len(stage) == 3:  # a candidate: NN-name/candidates/<id>, also kept inside its stage's folder
+        found += sorted(kept.glob(f"{stage[0]}@*/candidates/{stage[2]}"))
+    return next((f for f in found if StageRecord.read(f).fingerprint == fingerprint), None)
+
+
+def restore(root: Path, folder: Path, kept: Path) -> None:
+    """Put the kept folder `kept` (`find_kept`) back at `folder`, keeping what `folder` holds (`keep`); a stale
+    or unrecorded `folder` is removed. Main process."""
+    if folder.exists() and keep(root, folder) is None:
+        shutil.rmtree(folder)
+    move_dir(kept, folder)
 
 
 def run_root(folder: Path) -> Path | None:

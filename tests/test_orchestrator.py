@@ -275,7 +275,8 @@ def test_a_run_that_lost_its_lock_stops_before_its_next_write_with_exit_6(chain,
 @pytest.mark.slow
 def test_a_reorder_that_would_retrain_a_finished_stage_is_refused_until_redo_names_it(chain, capsys):
     """Stage folders are named by position: a chain reordered before a stage that keeps its place gives it a new
-    input. Its finished model is never retrained, nor its files removed, without redo=."""
+    input. Its finished model is never retrained, nor its files removed, without redo=; with it, the finished one
+    is kept, and comes back with the first order, as do the stages the reorder moved."""
     third = ["sft2.kind=sft", "sft2.mixture=tiny_sft", "sft2.max_steps=3", "sft2.gate.action=warn",
              f"sft2.gate.metric={GATE}"]
     scores = {"sft": 0.5, "midtrain": 0.75, "sft2": 0.75}
@@ -291,5 +292,12 @@ def test_a_reorder_that_would_retrain_a_finished_stage_is_refused_until_redo_nam
     assert not (run / "stages/01-midtrain").exists()
     code, _, redone = chain(scores, "stages=[midtrain,sft,sft2]", "redo=[sft2]", *third)  # the way out it names
     assert code == 0 and [name for name, _ in redone.trained] == ["midtrain", "sft", "sft2"]
-    code, _, again = chain(scores, "stages=[sft,midtrain]", *third)  # the first two are still the first run's
-    assert code == 0 and again.trained == []
+    # `stages/` holds this chain; the first order's stages are kept, by fingerprint
+    assert sorted(p.name for p in (run / "stages").iterdir()) == ["00-base", "01-midtrain", "02-sft", "03-sft2"]
+    assert sorted(p.name.split("@")[0] for p in (run / "kept").iterdir()) == ["01-sft", "02-midtrain", "03-sft2"]
+    code, _, back = chain(scores, "stages=[sft,midtrain,sft2]", *third)  # back to the first order
+    assert code == 0 and back.trained == [] and back.scored == []
+    assert {p: p.read_bytes() for p in (run / "stages/03-sft2").rglob("*") if p.is_file()} == before
+    code, _, again = chain(scores, "stages=[midtrain,sft,sft2]", *third)  # and to the second: nothing retrains
+    assert code == 0 and again.trained == [] and again.scored == []
+    assert len(list((run / "kept").iterdir())) == 3  # the first order's, each in one place

@@ -12,7 +12,7 @@ from pipeline.chain.resume import StageDecision, base_fingerprint, decide
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
 from pipeline.fingerprints import stage_section
-from pipeline.runfolder import StageRecord, earlier_stage_model, finished
+from pipeline.runfolder import StageRecord, earlier_stage_model, find_kept, finished, keep
 
 # the smol recipe: three enabled stages (sft, midtrain, dpo), a loaded base model and Hub data, so deciding
 # reads no file and builds nothing
@@ -179,6 +179,19 @@ def test_a_stage_after_a_retrained_one_trains_afresh_even_if_interrupted(done):
 
 
 @pytest.mark.slow
+def test_a_kept_stage_comes_back_where_its_fingerprint_does(done):
+    """A finished stage that another fingerprint replaced in its folder (`keep`) is found again by its
+    fingerprint, and reused: a reorder undone, a detour ended."""
+    third = _decide(done)[2]
+    kept = keep(done, third.dir)
+    assert kept == done / "kept" / f"03-dpo@{third.fingerprint[:16]}" and not third.dir.exists()
+    _record(_decide(done, "dpo.beta=0.3")[2])  # the detour's dpo, in its place
+    again = _decide(done)
+    assert [d.action for d in again] == ["reuse", "reuse", "reuse"] and again[2].kept == kept
+    assert find_kept(done, third.dir, "0" * 64) is None
+    assert keep(done, done / "stages" / "04-none") is None  # nothing recorded: nothing to keep
+
+
 def test_a_trained_but_unscored_stage_is_scored_without_retraining_what_follows(done):
     _record(_decide(done)[0], status="trained")
     assert _actions(done) == ["evaluate", "reuse", "reuse"]

@@ -40,6 +40,7 @@ from pipeline.report import headline, hub, leaderboard, modelcard
 from pipeline.runfolder import (
     BASE,
     FINISHED,
+    KEPT,
     RunPaths,
     RunState,
     StageContext,
@@ -52,9 +53,11 @@ from pipeline.runfolder import (
     copy_kept,
     drop_work,
     eval_dir,
+    keep,
     leaderboard_file,
     model_changed,
     model_dir,
+    restore,
     run_dir,
     samples_dir,
     samples_file,
@@ -295,6 +298,7 @@ def _prepare(cfg: DictConfig, argv: list[str], run: Run) -> Run:
     run.decisions = ranks.same_decisions(checked)
     if one := swept_candidate(cfg):  # a single sweep candidate: nothing after its stage
         run.decisions = run.decisions[: [d.name for d in run.decisions].index(one[0]) + 1]
+    _arrange(run, one)
     with main_writes() as main:
         if main:
             write_text(run.paths.resolved_config, OmegaConf.to_yaml(redact.config(OmegaConf.to_container(cfg))))
@@ -303,6 +307,27 @@ def _prepare(cfg: DictConfig, argv: list[str], run: Run) -> Run:
     log.info("run %s: recipe %s, %d stage(s), world size %d", run.root, cfg.recipe, len(run.decisions),
              run.world_size)
     return run
+
+
+def _arrange(run: Run, candidate: tuple[str, int] | None) -> None:
+    """Make `stages/` hold this chain's stages: a stage whose fingerprint was kept comes back (`restore`), and a
+    stage folder the chain no longer has at its place is kept aside (`keep`). Not in a single sweep candidate's
+    run, which shares the folder with the other candidates' (it refuses a stage to restore instead)."""
+    back = [d for d in run.decisions if d.kept]
+    if candidate and back:
+        raise ConfigError(f"stage {back[0].dir.name} is in {run.paths.kept} with this fingerprint; run the chain "
+                          f"once without {candidate[0]}.candidate to put it back, then its candidates")
+    if candidate:
+        return
+    ours = {d.dir for d in run.decisions}
+    with main_writes() as main:
+        if main:
+            for folder in stage_folders(run.root):
+                if folder.name != BASE and folder not in ours and (kept := keep(run.root, folder)):
+                    log.info("kept %s as %s: this chain has no such stage", folder.name, kept)
+            for d in back:
+                restore(run.root, d.dir, d.kept)
+                log.info("%s: put back from %s (its fingerprint)", d.dir.name, d.kept)
 
 
 def _run_chain(run: Run) -> int:
@@ -383,10 +408,26 @@ def _clear_stale(d: StageDecision) -> None:
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
+def _set_aside(run: Run, d: StageDecision) -> None:
+    """Before a stage trains from scratch: a finished or interrupted stage of another fingerprint in its folder is
+    kept (`keep`); what an attempt of the same fingerprint left (a redo, a lost model) is cleared, and the later
+    stages trained from it are marked stale."""
+    record = StageRecord.read(d.dir)
+    if record.fingerprint != d.fingerprint and record.status in KEPT:
+        with main_writes() as main:
+            if main:
+                log.info("%s: kept its earlier model, of another fingerprint, as %s", d.dir.name,
+                         keep(run.root, d.dir))
+    else:
+        _clear_stale(d)
+    _invalidate_later(run, d)
+
+
 def _invalidate_later(run: Run, d: StageDecision) -> None:
-    """A stage trains from scratch: every later stage and sweep candidate of this run folder was trained from the
-    model it replaces; mark their records `stale`, so that no rerun reuses them, whatever their fingerprints."""
-    later = [e.dir for e in run.decisions if e.index > d.index]
+    """A stage trains from scratch: a later stage whose record still has its fingerprint in this chain (and its
+    sweep candidates) was trained from the model being replaced; mark their records `stale`, so that no rerun
+    reuses them. (A later stage of another fingerprint was trained from another model: it is kept when replaced.)"""
+    later = [e.dir for e in run.decisions if e.index > d.index and StageRecord.read(e.dir).fingerprint == e.fingerprint]
     for folder in later + [c for e in later for c in candidate_folders(e)]:
         record = StageRecord.read(folder)
         if record.status and record.status != "stale":
@@ -421,8 +462,7 @@ def _train(run: Run, d: StageDecision, model: str | Path) -> bool:
                          world_size=run.world_size, status="running", redone=(d.name in run.cfg.redo) or None,
                          prepared=d.prepared)
     if d.action == "train":
-        _invalidate_later(run, d)
-        _clear_stale(d)
+        _set_aside(run, d)
     record.write(d.dir)
     result = _fit(run, d, StageContext(run.cfg, d.name, model, d.dir))
     faults.point("model-saved")

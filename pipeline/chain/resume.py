@@ -8,8 +8,9 @@ stage before it, whatever changed it: an edit, or a stage inserted or moved befo
 this run gives every stage after it a new input); nothing finished is discarded without that. Redoing a stage
 redoes every stage after it, from scratch (an interrupted one's checkpoints came from the model being replaced).
 A redo is carried out once: the stage's record remembers it (`redone`), so a requeue of the same command resumes
-the redone stage instead of starting it again; a run without the redo forgets it. Every rank decides the same
-way.
+the redone stage instead of starting it again; a run without the redo forgets it. A finished or interrupted stage
+that another fingerprint replaces is kept (`runfolder.keep`), and found again by its fingerprint when the chain comes
+back to it (a reorder undone, a detour ended). Every rank decides the same way.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.fingerprints import fingerprint_view, stage_section, training_view
 from pipeline.grid import grid, sweeps, swept
-from pipeline.runfolder import FINISHED, RunPaths, StageRecord, checkpointed, finished, stage_dir
+from pipeline.runfolder import FINISHED, RunPaths, StageRecord, checkpointed, find_kept, finished, stage_dir
 from pipeline.settings import EvalConfig, ModelConfig, enabled_stages
 
 # settings that choose among a sweep's candidates (and the swept settings themselves): the data a stage prepares
@@ -53,6 +54,7 @@ class StageDecision:
     redo: bool = False  # this run retrains the stage because the user asked (redo=), once
     prepared: str = ""  # the key of the data the stage prepares in its folder (pairs, samples, reference log-probs)
     grid: list[dict] = field(default_factory=list)  # its sweep's candidates (`grid.grid`); empty: no sweep
+    kept: Path | None = None  # a kept folder of this fingerprint (`runfolder.find_kept`) that goes back to `dir`
 
 
 def _checkpoint(name: str, revision: str | None) -> dict:
@@ -112,8 +114,9 @@ def _refuse_changed(decision: StageDecision, record: StageRecord, config: dict, 
     what = "; ".join(changed) or "its fingerprint was recorded by another version of the pipeline"
     state = "already finished" if record.status in FINISHED else "was interrupted (its checkpoints are kept)"
     return ConfigError(f"stage {decision.dir.name} {state} with a different config ({what}); settings a resume may "
-                       f"change are marked in help=true; to retrain it and every stage after it add redo=[{name}], or "
-                       "use a new run_name")
+                       f"change are marked in help=true; to retrain it and every stage after it add redo=[{name}] "
+                       "(what they hold is kept in the run's kept/, and comes back when the chain does), or use a "
+                       "new run_name")
 
 
 def refuse_other_world(where: str, name: str, record: StageRecord, world_size: int | None, stage: Any) -> None:
@@ -134,7 +137,7 @@ def _action(decision: StageDecision, record: StageRecord, forced: bool, redone: 
     `redone`: an earlier stage is one the user asked to redo (which retrains every stage after it)."""
     if decision.redo:
         return "train"
-    if finished(record, decision.dir) or record.status == "running":
+    if finished(record, decision.kept or decision.dir) or record.status == "running":
         if record.fingerprint != decision.fingerprint and not (forced and redone):
             raise _refuse_changed(decision, record, config, schema)  # an edit, a reorder or an inserted stage
         if forced:
@@ -159,13 +162,16 @@ def decide(cfg: DictConfig, root: Path, world_size: int | None = None) -> list[S
         fp = keys.key({"inputs": inputs, "config": trains})
         shared = {k: v for k, v in trains.items() if k not in (*PER_CANDIDATE, *swept(cfg[name]))}
         prepared = keys.key({"inputs": inputs, "config": shared})
-        record = StageRecord.read(stage_dir(root, i, name), strict=not (redone or name in cfg.redo))  # else retrained
+        folder = stage_dir(root, i, name)
+        record = StageRecord.read(folder, strict=not (redone or name in cfg.redo))  # else retrained
+        kept = find_kept(root, folder, fp) if record.fingerprint != fp and name not in cfg.redo else None
+        record = StageRecord.read(kept, strict=True) if kept else record
         redo = name in cfg.redo and not (record.redone and record.fingerprint == fp)  # a redo is carried out once
-        decision = StageDecision(i, name, stage_dir(root, i, name), fp, upstream,
+        decision = StageDecision(i, name, folder, fp, upstream,
                                  eval_fingerprint(fp, evaluate.settings(cfg, name), tasks_dir), "", sources, inputs,
-                                 redo, prepared, grid(cfg[name]) if sweeps(cfg[name]) else [])
+                                 redo, prepared, grid(cfg[name]) if sweeps(cfg[name]) else [], kept)
         decision.action = _action(decision, record, forced, redone, config, schema)
-        if decision.action == "resume" and not sweeps(cfg[name]) and checkpointed(decision.dir):
+        if decision.action == "resume" and not sweeps(cfg[name]) and checkpointed(kept or folder):
             refuse_other_world(f"stage {decision.dir.name}", name, record, world_size, cfg[name])
         forced = forced or decision.action in ("train", "resume")
         redone = redone or (name in cfg.redo and decision.action in ("train", "resume"))  # not once carried out

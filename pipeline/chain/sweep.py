@@ -45,10 +45,13 @@ from pipeline.runfolder import (
     drop_work,
     earlier_stage_model,
     eval_dir,
+    find_kept,
     finished,
     input_stage,
+    keep,
     model_changed,
     model_dir,
+    restore,
     run_root,
     samples_dir,
     stored_path,
@@ -166,6 +169,7 @@ def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, scorer:
     trained from scratch (or re-scored)."""
     cctx, fp = ctx.for_candidate(cand), candidate_fingerprint(ctx, inputs, cand)
     record = StageRecord.read(cctx.out_dir, strict=True)
+    record = _reclaim(cctx.out_dir, fp, record)
     if finished(record, cctx.out_dir, fp) and scored(record, cctx.out_dir, scorer):
         log.info("candidate %s: reusing", cand["id"])
         drop_work(cctx.out_dir)  # left when a kill came between its record and the removal
@@ -187,10 +191,24 @@ def _candidate(ctx: StageContext, inputs: str, cand: dict, train: Train, scorer:
     return _score(record, cctx.out_dir, scorer)
 
 
-def _clear(folder: Path) -> None:
-    """Empty a candidate's folder (main process; every rank waits)."""
+def _reclaim(folder: Path, fp: str, record: StageRecord) -> StageRecord:
+    """The record of the candidate `folder` (now `record`), after putting back a kept candidate of fingerprint
+    `fp` (`runfolder.find_kept`) when `folder` holds another."""
+    root = run_root(folder)
+    if record.fingerprint == fp or not (kept := find_kept(root, folder, fp)):
+        return record
     with main_writes() as main:
-        if main and folder.is_dir():
+        if main:
+            restore(root, folder, kept)
+    log.info("candidate %s: put back from %s", folder.name, kept)
+    return StageRecord.read(folder, strict=True)
+
+
+def _clear(folder: Path) -> None:
+    """Empty a candidate's folder: keep a finished or interrupted one (`keep`), remove a stale one (main process;
+    every rank waits)."""
+    with main_writes() as main:
+        if main and folder.is_dir() and keep(run_root(folder), folder) is None:
             shutil.rmtree(folder)
 
 
@@ -215,9 +233,11 @@ def _combine(ctx: StageContext, inputs: str, kind: str, models: list[Path], weig
     sources = [stored_path(m, run_root(out)) for m in models]  # relative to the run folder: it may move
     made_of = [StageRecord.read(Path(m).parent).fingerprint for m in models]  # its ingredients, wherever they lie
     fp = keys.key({"inputs": inputs, kind: made_of, "weights": weights})
-    record = StageRecord.read(out)
+    record = _reclaim(out, fp, StageRecord.read(out))
     if finished(record, out, fp) and scored(record, out, scorer):
         return record
+    if record.fingerprint != fp:
+        _clear(out)
     with preempt.main_only(f"making the {kind}") as main:
         if main and weights is None:
             merge.soup(models, model_dir(out))
