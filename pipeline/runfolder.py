@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import keys
 from pipeline.errors import ConfigError
-from pipeline.files import RunLock, fence, fingerprint, move_dir, write_json, write_text
+from pipeline.files import RunLock, atomic_dir, fence, fingerprint, move_dir, write_json, write_text
 
 BASE = "00-base"
 RECORD = "stage.json"
@@ -323,10 +323,16 @@ def find_kept(root: Path, folder: Path, fingerprint: str) -> Path | None:
 
 def restore(root: Path, folder: Path, kept: Path) -> None:
     """Put the kept folder `kept` (`find_kept`) back at `folder`, keeping what `folder` holds (`keep`); a stale
-    or unrecorded `folder` is removed. Main process."""
+    or unrecorded `folder` is removed. A candidate kept inside its kept stage is copied out by hard links (its
+    stage keeps it: files here are replaced, never written in place). Main process."""
     if folder.exists() and keep(root, folder) is None:
         shutil.rmtree(folder)
-    move_dir(kept, folder)
+    where = Path(kept).relative_to(RunPaths(root).kept).parts
+    if len(where) == 1 or "@" not in where[0]:  # not inside a kept stage
+        move_dir(kept, folder)
+        return
+    with atomic_dir(folder) as tmp:
+        shutil.copytree(kept, tmp, copy_function=os.link, dirs_exist_ok=True)
 
 
 def run_root(folder: Path) -> Path | None:

@@ -301,3 +301,18 @@ def test_a_reorder_that_would_retrain_a_finished_stage_is_refused_until_redo_nam
     code, _, again = chain(scores, "stages=[midtrain,sft,sft2]", *third)  # and to the second: nothing retrains
     assert code == 0 and again.trained == [] and again.scored == []
     assert len(list((run / "kept").iterdir())) == 3  # the first order's, each in one place
+
+
+def test_a_grown_grid_takes_its_candidates_from_the_kept_stage_and_the_first_grid_comes_back_whole(chain):
+    """redo= after a grid grew keeps the stage trained on the first grid; the new grid's candidates of the same
+    fingerprints come out of it (linked, not moved), and going back to the first grid puts that stage back whole."""
+    scores = {"sft": {1e-4: 0.25, 1e-3: 0.525, 1e-2: 0.5}, "midtrain": 0.75}
+    code, run, _ = chain(scores, "sft.sweep.learning_rate=[1e-4,1e-3]")
+    assert code == 0
+    first = {p: p.read_bytes() for p in (run / "stages").rglob("*") if p.is_file() and "01-sft" in p.parts}
+    code, _, grown = chain(scores, "sft.sweep.learning_rate=[1e-4,1e-3,1e-2]", "redo=[sft]")
+    assert code == 0 and [name for name, _ in grown.trained] == ["sft", "midtrain"]  # only lr 0.01's candidate
+    assert sorted(c.name for c in (run / "stages/01-sft/candidates").iterdir()) == ["lr0.0001", "lr0.001", "lr0.01"]
+    code, _, back = chain(scores, "sft.sweep.learning_rate=[1e-4,1e-3]")
+    assert code == 0 and back.trained == [] and back.scored == []
+    assert {p: p.read_bytes() for p in (run / "stages").rglob("*") if p.is_file() and "01-sft" in p.parts} == first
