@@ -33,7 +33,12 @@ SITES = {
     ("pipeline/chain/ranks.py", "_remove_tokens", "(folder / TOKEN.format(token)).unlink(missing_ok=True)"):
         ("own", "the token file this run wrote to check that its ranks share the folder"),
     ("pipeline/chain/sweep.py", "_clear", "shutil.rmtree(folder)"):
-        ("redo", "a candidate folder whose record is not finished with this candidate's fingerprint"),
+        ("redo", "a candidate folder with no record, or a stale one (a finished or interrupted one is kept)"),
+    ("pipeline/runfolder.py", "restore", "shutil.rmtree(folder)"):
+        ("redo", "a stage or candidate folder with no record, or a stale one, where a kept one of this chain's "
+                 "fingerprint goes back (a finished or interrupted one is kept)"),
+    ("pipeline/files.py", "move_dir", "os.rename(src, dest)"):
+        ("replace", "a folder moved to a free name (a finished stage to kept/ and back); onto an existing one it fails"),
     ("pipeline/evaluation/scorecache.py", "_keep", "shutil.rmtree(entry, ignore_errors=True)"):
         ("replace", "a cache entry that does not read as this model's scores, replaced by the ones just computed"),
     ("pipeline/files.py", "write_text", "os.replace(tmp, path)"):
