@@ -146,10 +146,11 @@ def job_time_left() -> float | None:
 class PreemptCallback(TrainerCallback):
     """After each optimizer step: on a preemption signal, save a checkpoint and stop training. A save is not started
     when the job ends sooner than the last save took (`save_s`, measured here): training stops without it, the run
-    exits 75, and the requeued job resumes from the checkpoint before."""
+    exits 75, and the requeued job resumes from the checkpoint before. `save_s`: how long the checkpoint a resume
+    starts from took to write, until this run measures its own."""
 
-    def __init__(self) -> None:
-        self.save_s: float | None = None  # how long the last checkpoint took
+    def __init__(self, save_s: float | None = None) -> None:
+        self.save_s = save_s  # how long the last checkpoint took
         self._save_started: float | None = None
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: D102 - TrainerCallback hook

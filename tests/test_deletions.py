@@ -38,7 +38,7 @@ SITES = {
         ("redo", "a stage or candidate folder with no record, or a stale one, where a kept one of this chain's "
                  "fingerprint goes back (a finished or interrupted one is kept)"),
     ("pipeline/files.py", "move_dir", "os.rename(src, dest)"):
-        ("replace", "a folder moved to a free name (a finished stage to kept/ and back); onto an existing one it fails"),
+        ("replace", "a folder moved to a free name (a finished stage to kept/ and back); never onto another"),
     ("pipeline/evaluation/scorecache.py", "_keep", "shutil.rmtree(entry, ignore_errors=True)"):
         ("replace", "a cache entry that does not read as this model's scores, replaced by the ones just computed"),
     ("pipeline/files.py", "write_text", "os.replace(tmp, path)"):

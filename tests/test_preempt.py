@@ -111,6 +111,27 @@ def test_no_save_is_started_when_the_job_ends_sooner_than_the_last_save_took(han
     assert control.should_save and not control.should_training_stop
 
 
+def test_a_requeued_job_guards_its_first_save_with_the_time_its_checkpoint_took(handlers, monkeypatch, tmp_path):
+    """The checkpoint a resume starts from says how long it took to write (its first file to its marker, written
+    last): a job whose end is nearer than that starts no save before it has measured one of its own."""
+    from transformers import TrainerControl, TrainerState
+
+    from pipeline.train.trainer import save_seconds
+
+    checkpoint = tmp_path / "checkpoint-5"
+    (checkpoint / "shard").mkdir(parents=True)
+    for name, at in (("shard/model.safetensors", 1000.0), ("optimizer.pt", 1030.0), (".complete", 1040.0)):
+        (checkpoint / name).write_text("x")
+        os.utime(checkpoint / name, (at, at))
+    assert save_seconds(checkpoint) == 40.0
+    callback = preempt.PreemptCallback(save_seconds(checkpoint))
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(time.time() + 20))
+    control = callback.on_step_end(None, TrainerState(global_step=6), TrainerControl(should_save=True))
+    assert not control.should_save and control.should_training_stop
+    with pytest.raises(Preempted, match=r"the last save took 40 s"):
+        preempt.check("in 01-sft")
+
+
 @pytest.mark.slow
 def test_processes_started_shielded_survive_the_stop_signals_and_the_run_still_gets_them(handlers):
     """As a vLLM engine core, which Slurm's `scancel --signal` and a terminal's Ctrl-C reach too."""

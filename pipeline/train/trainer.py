@@ -100,7 +100,7 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
     resume = main_value(last_complete_checkpoint(work_dir) if is_main() else None)  # one answer for every rank
     if resume:
         log.info("resuming %s from %s", out_dir.name, resume)
-    trainer.add_callback(preempt.PreemptCallback())
+    trainer.add_callback(preempt.PreemptCallback(save_seconds(Path(resume)) if resume else None))
     trainer.add_callback(NoStepPastTheEnd())
     with disk_errors_explained(model_dir(out_dir)):
         try:
@@ -217,6 +217,13 @@ class CheckpointMarker(TrainerCallback):
         marked = [p for _, p in checkpoints(work_dir) if (p / COMPLETE).is_file()]
         for old in marked[: -self.limit]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def save_seconds(checkpoint: Path) -> float:
+    """About how long writing the complete `checkpoint` took: from its first file to its marker, written last, by
+    their modification times (the storage's clock). A requeued job's first save is guarded with it (`preempt`)."""
+    times = [f.stat().st_mtime for f in Path(checkpoint).rglob("*") if f.is_file()]
+    return max(times) - min(times)
 
 
 def mark_checkpoint(folder: Path, step: int) -> None:
