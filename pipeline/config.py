@@ -1,7 +1,7 @@
 """The run config: its schema and defaults, and loading a recipe with dotted overrides into a validated, read-only
 config.
 
-A recipe (`pipeline/recipes/NAME.yaml`, or any recipe file; it may start from another: pipeline/recipe_files.py) is a
+A recipe (`recipes/NAME.yaml`, or any recipe file; it may start from another: pipeline/recipe_files.py) is a
 small delta over the defaults below. Overrides are dotted `key=value` arguments applied after the recipe. OmegaConf
 struct mode refuses unknown keys; every error here is a `ConfigError` with a one-line message naming the key, raised
 before any model loads (pipeline/validate.py checks what the types cannot).
@@ -45,7 +45,7 @@ class PlanConfig:
 
 @dataclass
 class RunConfig:
-    recipe: str = arg("the recipe the run starts from: a shipped one's NAME (pipeline/recipes/NAME.yaml) or a recipe "
+    recipe: str = arg("the recipe the run starts from: a shipped one's NAME (recipes/NAME.yaml) or a recipe "
                       "file's path", DEFAULT_RECIPE)
     extension: str = arg("a Python module that adds a config section, data generators, eval tasks and a built base "
                          "model to the run (pipeline/extension.py), e.g. the embedded demo's", "")

@@ -13,7 +13,7 @@ starts the recipe arguments. `--help` prints the pipeline's usage and the common
 [recipe=NAME ...]` the recipe's keys, both without launching; a config that does not load (exit 2) stops here
 too, before the launcher's own messages.
 
-`--config_file NAME` names a shipped accelerate config (`pipeline/recipes/accelerate/NAME.yaml`, e.g. zero3)
+`--config_file NAME` names a shipped accelerate config (`recipes/accelerate/NAME.yaml`, e.g. zero3)
 wherever the package is installed; a path works as with `accelerate launch`. A DeepSpeed JSON that a config names
 by a relative path, found beside the config or from the folder holding the package (the shipped configs name theirs
 from the checkout's root), goes to accelerate as `--deepspeed_config_file` with its absolute path, unless given, so
@@ -37,9 +37,10 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import NAMES, ConfigError
+from pipeline.recipe_files import RECIPES_DIR
 
 RUN_SCRIPT = Path(__file__).resolve().with_name("run.py")
-ACCELERATE_CONFIGS = RUN_SCRIPT.with_name("recipes") / "accelerate"
+ACCELERATE_CONFIGS = RECIPES_DIR / "accelerate"
 RECIPE_ARG = re.compile(r"^[A-Za-z_][\w.\-]*=")
 USAGE = "smol-pipeline [accelerate launch options] [--] recipe=NAME [key=value ...]"
 # the launcher options `--help` shows (accelerate's own help text); `accelerate launch --help` lists them all
@@ -58,7 +59,7 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def shipped_configs() -> list[str]:
-    """Names of the accelerate configs the package ships (`pipeline/recipes/accelerate/NAME.yaml`)."""
+    """Names of the accelerate configs the package ships (`recipes/accelerate/NAME.yaml`)."""
     return sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml"))
 
 
@@ -75,8 +76,8 @@ def config_path(name: str) -> Path:
 def config_options(name: str, deepspeed_file: str | None) -> list[str]:
     """Launch options that make accelerate config `name` work from any directory: `--config_file` with its path,
     and `--deepspeed_config_file` with the absolute path of the DeepSpeed JSON the config names by a relative path
-    (unless `deepspeed_file` was given), found beside the config or else from the folder holding the `pipeline`
-    package (the shipped configs name theirs from the checkout's root, where plain `accelerate launch` finds them
+    (unless `deepspeed_file` was given), found beside the config or else from the folder holding the shipped
+    `recipes/` (the shipped configs name theirs from the checkout's root, where plain `accelerate launch` finds them
     too); a JSON found in neither is left to accelerate, which reads it from the working directory."""
     import yaml
 
@@ -87,7 +88,7 @@ def config_options(name: str, deepspeed_file: str | None) -> list[str]:
         raise ConfigError(f"--config_file {path} does not read as an accelerate config: {err}") from err
     deepspeed = config.get("deepspeed_config") if isinstance(config, dict) else None
     named = deepspeed.get("deepspeed_config_file") if isinstance(deepspeed, dict) else None
-    found = [p for p in (path.parent / str(named), RUN_SCRIPT.parents[1] / str(named)) if named and p.is_file()]
+    found = [p for p in (path.parent / str(named), RECIPES_DIR.parent / str(named)) if named and p.is_file()]
     if deepspeed_file is None and found:
         return ["--config_file", str(path), "--deepspeed_config_file", str(found[0].resolve())]
     return ["--config_file", str(path)]

@@ -1,4 +1,4 @@
-"""Recipe files: a shipped recipe by name (`pipeline/recipes/NAME.yaml`) or any recipe file by path, the chain of
+"""Recipe files: a shipped recipe by name (`recipes/NAME.yaml`) or any recipe file by path, the chain of
 recipes it starts from (`base:`), and the relative paths in each file, read against that file.
 
 A recipe may say `base: NAME` (a shipped recipe) or `base: path/to/other.yaml` (relative to the file that says it)
@@ -19,8 +19,17 @@ from omegaconf import OmegaConf
 
 from pipeline.errors import ConfigError
 
-RECIPES_DIR = Path(__file__).resolve().with_name("recipes")
-MIXTURES_DIR = RECIPES_DIR.with_name("data_mixtures")
+
+def shipped(folder: str) -> Path:
+    """A folder the project ships beside `pipeline/` (`recipes`, `data_mixtures`, `eval`): in a checkout (or an
+    editable install) at the top of it, in an installed wheel inside the package (pyproject.toml's package-dir)."""
+    here = Path(__file__).resolve().parent
+    return here / folder if (here / folder).is_dir() else here.parent / folder
+
+
+RECIPES_DIR = shipped("recipes")
+MIXTURES_DIR = shipped("data_mixtures")
+TASKS_DIR = shipped("eval")  # lm-eval task files and the functions they name
 SUFFIXES = (".yaml", ".yml")
 
 # keys whose values are paths to read: a relative one is the recipe's when it exists next to it
@@ -46,14 +55,14 @@ class RecipeFile:
 
 
 def available_recipes() -> list[str]:
-    """Names of the shipped recipes (`pipeline/recipes/*.yaml`)."""
+    """Names of the shipped recipes (`recipes/*.yaml`)."""
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
 def shown(path: Path) -> str:
-    """A recipe file as messages name it: a shipped one as `pipeline/recipes/NAME.yaml`, another relative to the
+    """A recipe file as messages name it: a shipped one as `recipes/NAME.yaml`, another relative to the
     current directory when it is under it."""
-    for root in (RECIPES_DIR.parents[1], Path.cwd()):
+    for root in (RECIPES_DIR.parent, Path.cwd()):
         if path.is_relative_to(root):
             return str(path.relative_to(root))
     return str(path)

@@ -41,7 +41,7 @@ Trains a chain of post-training stages on a base model, evaluates each checkpoin
 folder is <output_root>/<run_name> (runs/<recipe> by default), with leaderboard.html and pipeline.log in it.
 Rerunning the same command resumes. Stage kinds: {kinds}.
 
-Recipes (recipe=NAME, pipeline/recipes/NAME.yaml; default {default}):
+Recipes (recipe=NAME, recipes/NAME.yaml; default {default}):
 {recipes}
   recipe=path/to/my.yaml           your own recipe file; `base: NAME` (or a path) in it starts from another recipe
 

@@ -123,7 +123,7 @@ class StageSettings:
 
     kind: str = arg("the stage kind that trains this section (a `KIND` of pipeline/stages/); fixed per section", "")
     enabled: bool = arg("a stage listed in `stages` but disabled is skipped (e.g. optional PPO)", True)
-    mixture: str = arg("a weighted blend of sources: pipeline/data_mixtures/NAME.yaml or a path to a mixture YAML; "
+    mixture: str = arg("a weighted blend of sources: data_mixtures/NAME.yaml or a path to a mixture YAML; "
                        "one of mixture and data", "")
     data: str = arg("one dataset in a format TRL documents: a Hub id (org/name, org/name:split, org/name@config:split) "
                     "or a local .jsonl / .json / .parquet / .csv file or folder of them (docs/training.md); one of "

@@ -63,7 +63,7 @@ def validate(cfg: DictConfig) -> None:
         sources.check(stage, name)
         if not kind.mixtures(stage):
             raise ConfigError(f"'{name}' has no data: set '{name}.data' (a Hub dataset or a local file, "
-                              f"docs/training.md) or '{name}.mixture' (pipeline/data_mixtures/*.yaml)")
+                              f"docs/training.md) or '{name}.mixture' (data_mixtures/*.yaml)")
         for key in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_length",
                     "save_steps"):
             if stage[key] <= 0:

@@ -108,7 +108,7 @@ def test_every_shipped_recipe_and_its_mixtures_validate(recipe):
 
 
 def test_every_shipped_mixture_parses():
-    for path in sorted((ROOT / "pipeline" / "data_mixtures").glob("*.yaml")):
+    for path in sorted((ROOT / "data_mixtures").glob("*.yaml")):
         assert load_spec(str(path)).sources, path
 
 

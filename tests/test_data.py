@@ -18,7 +18,7 @@ from pipeline.errors import ConfigError
 from pipeline.tiny.data import ITEMS, NAMES, build_splits
 
 GSM8K = ROOT / "tests" / "fixtures" / "gsm8k" / "train.jsonl"  # GSM8K's first 508 train rows, shipped
-_TASK = ROOT / "pipeline/evaluation/tasks/gsm8k_validation.py"
+_TASK = ROOT / "eval/gsm8k_validation.py"
 _spec = importlib.util.spec_from_file_location("gsm8k_validation", _TASK)
 validation_slice = importlib.util.module_from_spec(_spec)  # the lm-eval helper of task gsm8k_local_val
 _spec.loader.exec_module(validation_slice)

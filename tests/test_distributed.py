@@ -1,7 +1,7 @@
 """Several processes: the chain (SFT, mid-training, DPO) in ONE `smol-pipeline --config_file NAME --num_processes 2`
-(accelerate's launcher) on CPU under each config of pipeline/recipes/accelerate/ (DDP, ZeRO-3, ZeRO-3 with CPU
+(accelerate's launcher) on CPU under each config of recipes/accelerate/ (DDP, ZeRO-3, ZeRO-3 with CPU
 offload), named as a user names a shipped config, from a folder outside the checkout; ZeRO-2 as the design card
-launches it, `accelerate launch --config_file pipeline/recipes/accelerate/zero2.yaml ... pipeline/run.py` from the
+launches it, `accelerate launch --config_file recipes/accelerate/zero2.yaml ... pipeline/run.py` from the
 checkout's root.
 
 Like TRL's invariant tests: 2 processes x micro-batch b must give the loss curve of 1 process x micro-batch b
@@ -66,7 +66,7 @@ def test_chain_on_two_processes_matches_one_process_with_accumulation(config, di
                                                                       one_process, tmp_path, cache_dir):
     if config == "zero2":  # the design card's line, plain accelerate from the checkout's root, finds the JSON too
         launcher, where = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file",
-                           "pipeline/recipes/accelerate/zero2.yaml", "--num_processes", "2", "pipeline/run.py"], ROOT
+                           "recipes/accelerate/zero2.yaml", "--num_processes", "2", "pipeline/run.py"], ROOT
     else:
         launcher, where = [str(Path(sys.executable).with_name("smol-pipeline")), "--config_file", config,
                            "--num_processes", "2"], tmp_path

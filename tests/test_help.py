@@ -45,7 +45,7 @@ def test_help_true_shows_the_recipes_values_for_the_stages_it_runs(capsys):
     cfg = load_config(["recipe=tiny", "sft.max_steps=7"])
     assert lines[0].startswith("recipe tiny: stages midtrain, sft, dpo")
     # the recipe's, not the default 2e-05, marked with where it came from
-    assert "  sft.learning_rate=0.002  (number) peak learning rate [recipe pipeline/recipes/tiny.yaml]" in lines
+    assert "  sft.learning_rate=0.002  (number) peak learning rate [recipe recipes/tiny.yaml]" in lines
     assert any(line.startswith("  sft.max_steps=7 ") for line in lines)  # overrides apply too
     assert any(line.startswith("  tiny.pretrain_steps=200 ") for line in lines)  # the extension's section
     skipped = [s for s in stage_names(cfg) if s not in cfg.stages]
@@ -63,7 +63,7 @@ def test_help_true_skips_a_listed_but_disabled_stage(capsys):
     assert load_config(["recipe=smol"]).stages[-1] == "ppo"
     assert lines[0].startswith("recipe smol: stages sft, midtrain, dpo (") and not any("  ppo." in x for x in lines)
     assert ("  dpo.beta=0.05  (number) DPO temperature: how far the policy may move from the reference [recipe "
-            "pipeline/recipes/smol.yaml]") in lines
+            "recipes/smol.yaml]") in lines
 
 
 def test_help_true_on_a_bad_recipe_is_one_error_line(capsys):

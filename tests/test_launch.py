@@ -22,7 +22,7 @@ from conftest import FAST, ROOT, missing, run_cli
 
 SMOL = Path(sys.executable).with_name("smol-pipeline")
 ONE: list[str] = []
-TWO = ["--config_file", str(ROOT / "pipeline/recipes/accelerate/cpu.yaml"), "--num_processes", "2"]
+TWO = ["--config_file", str(ROOT / "recipes/accelerate/cpu.yaml"), "--num_processes", "2"]
 NO_EVAL = ["eval.tasks=[]", "sft.gate.metric=", "midtrain.gate.metric="]
 GATE = ["stages=[sft]", "sft.max_steps=2", "eval.limit=4", "eval.max_gen_toks=8", "sft.gate.min=1.0",
         "sft.gate.action=stop"]  # an exact-match floor above 1: the gate after sft stops the chain
@@ -65,7 +65,7 @@ def test_a_shipped_accelerate_config_by_name_names_its_deepspeed_json_from_any_f
     from pipeline import launch
 
     monkeypatch.chdir(tmp_path)
-    shipped = ROOT / "pipeline/recipes/accelerate"
+    shipped = ROOT / "recipes/accelerate"
     assert launch.config_options("zero3", None) == ["--config_file", str(shipped / "zero3.yaml"),
                                                     "--deepspeed_config_file", str(shipped / "zero3.json")]
     assert launch.config_options("cpu", None) == ["--config_file", str(shipped / "cpu.yaml")]  # no DeepSpeed

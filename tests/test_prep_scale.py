@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_preparation_longer_than_the_collective_timeout_completes(tmp_path, cache_dir, tiny_base):
-    launcher = ["accelerate", "launch", "--config_file", str(ROOT / "pipeline/recipes/accelerate/cpu.yaml"),
+    launcher = ["accelerate", "launch", "--config_file", str(ROOT / "recipes/accelerate/cpu.yaml"),
                 "--num_processes", "2"]
     proc = run_cli("recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft]",
                    "sft.max_steps=2", "sft.max_length=300",  # a max_length no other test uses: a tokenising miss

@@ -15,8 +15,8 @@ from pipeline.errors import ConfigError
 from pipeline.recipe_files import available_recipes
 from pipeline.run import main
 
-SHIPPED = ROOT / "pipeline" / "recipes"
-MIXTURE = (ROOT / "pipeline" / "data_mixtures" / "gsm8k.yaml").read_text()
+SHIPPED = ROOT / "recipes"
+MIXTURE = (ROOT / "data_mixtures" / "gsm8k.yaml").read_text()
 
 
 def _write(path: Path, text: str) -> Path:
@@ -62,7 +62,7 @@ def test_a_recipe_file_with_a_base_by_name_is_that_recipe_with_the_same_values_s
     assert _plain(cfg, "recipe", "run_name") == _plain(same, "recipe", "run_name")  # so the same fingerprints
     assert cfg.sft.max_steps == 200 and cfg.sft.gate.min == pytest.approx(0.40)  # the base's, merged key by key
     assert sources["sft.learning_rate"] == "recipe mine.yml"
-    assert sources["sft.max_steps"] == "base recipe pipeline/recipes/tiny.yaml"
+    assert sources["sft.max_steps"] == "base recipe recipes/tiny.yaml"
     assert "seed" not in sources  # a default
 
 
@@ -87,7 +87,7 @@ def test_a_chain_of_bases_by_relative_path_reads_each_files_paths_against_that_f
     assert cfg.run_name == "top"
     assert sources["dpo.learning_rate"] == f"base recipe {tmp_path / 'b' / 'middle.yaml'}"
     assert sources["sft.mixture"] == f"base recipe {tmp_path / 'c' / 'base.yaml'}"
-    assert sources["sft.num_train_epochs"] == "base recipe pipeline/recipes/smollm2.yaml"
+    assert sources["sft.num_train_epochs"] == "base recipe recipes/smollm2.yaml"
     assert sources["dpo.beta"] == f"recipe {top}" and sources["cache_dir"] == "command line"
 
 
@@ -104,7 +104,7 @@ def test_missing_files_and_circles_are_one_line_naming_the_chain(tmp_path, monke
     assert _error("recipe=me.yaml") == "the recipe's bases go round in a circle: me.yaml -> me.yaml"
     _write(tmp_path / "orphan.yaml", "base: smollm9\n")
     assert _error("recipe=orphan.yaml") == (f"base recipe 'smollm9' of orphan.yaml not found ("
-                                            f"{SHIPPED / 'smollm9.yaml'}); chain: orphan.yaml -> pipeline/recipes/"
+                                            f"{SHIPPED / 'smollm9.yaml'}); chain: orphan.yaml -> recipes/"
                                             f"smollm9.yaml; shipped recipes: {shipped}")
     _write(tmp_path / "typo.yaml", "base: smollm2\nmodel: {name_or_pth: x}\n")
     assert _error("recipe=typo.yaml").startswith("unknown config key 'model.name_or_pth' in recipe typo.yaml")
@@ -116,14 +116,14 @@ def test_help_marks_where_each_value_came_from(tmp_path, capsys):
     assert main(["help=true", f"recipe={mine}", "sft.max_steps=7"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"recipe {mine}: stages midtrain, sft, dpo")
-    assert lines[1] == ("a value set over its default is marked with where it came from: [base recipe pipeline/"
+    assert lines[1] == ("a value set over its default is marked with where it came from: [base recipe "
                         f"recipes/tiny.yaml], [recipe {mine}], [command line]")
     assert f"  sft.learning_rate=0.001  (number) peak learning rate [recipe {mine}]" in lines
-    assert "  sft.max_grad_norm=1.0  (number) gradient clipping norm [base recipe pipeline/recipes/tiny.yaml]" in lines
+    assert "  sft.max_grad_norm=1.0  (number) gradient clipping norm [base recipe recipes/tiny.yaml]" in lines
     assert any(x.startswith("  sft.max_steps=7 ") and x.endswith(" [command line]") for x in lines)
     assert "  sft.weight_decay=0.0  (number) AdamW weight decay" in lines  # a default: unmarked
     dpo_sweep = next(x for x in lines if x.startswith("  dpo.sweep="))
-    assert dpo_sweep.endswith("[base recipe pipeline/recipes/tiny.yaml]")
+    assert dpo_sweep.endswith("[base recipe recipes/tiny.yaml]")
 
 
 def test_plan_lists_where_each_setting_came_from(tmp_path):
@@ -134,7 +134,7 @@ def test_plan_lists_where_each_setting_came_from(tmp_path):
     cfg, sources = load_with_sources([f"recipe={mine}", f"output_root={tmp_path / 'runs'}", "plan=true"])
     plan = build(cfg, sources)
     assert plan["provenance"]["sft.learning_rate"] == f"recipe {mine}"
-    assert plan["provenance"]["stages"] == "base recipe pipeline/recipes/smollm2.yaml"
+    assert plan["provenance"]["stages"] == "base recipe recipes/smollm2.yaml"
     assert plan["provenance"]["plan.enabled"] == "command line" and "seed" not in plan["provenance"]
     assert plan["stages"][0]["datasets"][0]["mixture"] == str(tmp_path / "mix.yaml")
     assert json.loads(json.dumps(plan))["provenance"] == sources
@@ -143,4 +143,4 @@ def test_plan_lists_where_each_setting_came_from(tmp_path):
     block = " ".join(" ".join(text[start + 1:text.index("", start)]).split())
     assert f"recipe {mine}: sft.mixture, sft.learning_rate" in block
     assert "command line: recipe, output_root, plan.enabled" in block
-    assert "base recipe pipeline/recipes/smollm2.yaml: model.name_or_path," in block
+    assert "base recipe recipes/smollm2.yaml: model.name_or_path," in block

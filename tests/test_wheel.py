@@ -1,5 +1,6 @@
-"""The package as a user installs it: the wheel carries every file of `pipeline/` (recipes, data mixtures, accelerate
-and DeepSpeed configs, lm-eval task files) and the license; installed into a fresh virtual environment outside the
+"""The package as a user installs it: the wheel carries every file of `pipeline/`, and, inside the package, the
+checkout's `recipes/` (with the accelerate and DeepSpeed configs), `data_mixtures/` and `eval/` (lm-eval task files),
+and the license; installed into a fresh virtual environment outside the
 checkout, every shipped recipe loads and plans, and `smol-pipeline recipe=tiny` (FAST) runs from a folder outside
 the checkout on the wheel's own code.
 
@@ -30,7 +31,8 @@ from test_e2e import changed, weights
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytestmark = pytest.mark.slow
-BUILT_FROM = ("pyproject.toml", "README.md", "LICENSE", "pipeline")  # what the wheel is built from
+SHIPPED = ("recipes", "data_mixtures", "eval")  # top-level folders the wheel carries as pipeline/<name>
+BUILT_FROM = ("pyproject.toml", "README.md", "LICENSE", "pipeline", *SHIPPED)  # what the wheel is built from
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the checkout on the path
 
 
@@ -87,6 +89,8 @@ def installed(venv: Path, elsewhere: Path, *cmd: str, timeout: int = 900) -> sub
 def test_the_wheel_carries_every_file_of_the_package_and_the_license(source, wheel):
     names = zipfile.ZipFile(wheel).namelist()
     files = {p.relative_to(source).as_posix() for p in (source / "pipeline").rglob("*") if p.is_file()}
+    files |= {f"pipeline/{p.relative_to(source).as_posix()}" for name in SHIPPED for p in (source / name).rglob("*")
+              if p.is_file()}
     assert {n for n in names if n.startswith("pipeline/")} == files
     dist = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
     assert zipfile.ZipFile(wheel).read(f"{dist}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
@@ -118,7 +122,7 @@ print(*config_options("zero3", None))
     package, *recipes, options = proc.stdout.splitlines()
     where = Path(package).parent
     assert where.is_relative_to(venv) and where.parent.name == "site-packages"
-    assert recipes == sorted(p.stem for p in (ROOT / "pipeline/recipes").glob("*.yaml"))
+    assert recipes == sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     assert options.split() == ["--config_file", str(where / "recipes/accelerate/zero3.yaml"),
                                "--deepspeed_config_file", str(where / "recipes/accelerate/zero3.json")]
 

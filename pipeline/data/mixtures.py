@@ -1,6 +1,6 @@
 """Data mixtures: load sources, map columns, weight, mix, fingerprint.
 
-A mixture (`pipeline/data_mixtures/NAME.yaml`) lists sources. Each source is a local file
+A mixture (`data_mixtures/NAME.yaml`) lists sources. Each source is a local file
 (`path`: .jsonl, .json, .parquet or .csv), a Hub dataset (`hub`, `name`, `split`, `revision`) or a generator
 of the recipe's extension (`generator: NAME`, `split`; pipeline/extension.py). A stage's `data` is a mixture of
 one source (a folder of files: one source per file; pipeline/data/sources.py), read by the same functions, which
@@ -77,7 +77,7 @@ class MixtureConfig:
 
 
 def mixture_path(name: str) -> Path:
-    """The YAML file of a mixture given by name (`pipeline/data_mixtures/NAME.yaml`) or by path."""
+    """The YAML file of a mixture given by name (`data_mixtures/NAME.yaml`) or by path."""
     path = Path(name) if name.endswith((".yaml", ".yml")) else MIXTURES_DIR / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in MIXTURES_DIR.glob("*.yaml")))

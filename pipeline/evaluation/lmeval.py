@@ -1,6 +1,6 @@
 """Evaluation with lm-eval: task YAMLs written into the run, HF model scoring, metric flattening.
 
-Shipped tasks (`pipeline/evaluation/tasks/*.yaml`) include lm-eval's own gsm8k definition and override its data
+Shipped tasks (`eval/*.yaml`) include lm-eval's own gsm8k definition and override its data
 source; their `${...}` placeholders are filled here and the result is written to
 `<run>/eval_tasks/`, so `lm_eval --include_path <run>/eval_tasks` reproduces a score. Any task of lm-eval's
 registry is used by name (its data from the Hub), and `eval.include_path` adds a folder of user task YAMLs;
@@ -29,10 +29,10 @@ from pipeline.data.mixtures import hub_source
 from pipeline.errors import ConfigError
 from pipeline.evaluation import stats
 from pipeline.files import write_text
+from pipeline.recipe_files import TASKS_DIR
 from pipeline.runfolder import remember, samples_file
 
 log = logging.getLogger("pipeline")
-TASK_TEMPLATES = Path(__file__).resolve().with_name("tasks")
 
 
 def settings(cfg: DictConfig, section: str | None) -> dict:
@@ -69,13 +69,13 @@ def write_tasks(cfg: DictConfig, out: Path) -> Path:
     source = gsm8k_source(cfg)
     values.update(gsm8k_path=json.dumps(source["path"]), gsm8k_name=json.dumps(source["name"]),
                   gsm8k_kwargs=json.dumps({"data_files": source["data_files"]} if "data_files" in source else None))
-    for template in sorted(TASK_TEMPLATES.glob("*.yaml")):
+    for template in sorted(TASKS_DIR.glob("*.yaml")):
         try:
             text = string.Template(template.read_text(encoding="utf-8")).substitute(values)
         except KeyError as err:
             raise ConfigError(f"task template {template.name} uses an unknown placeholder {err}") from None
         write_text(out / template.name, text)
-    for helper in sorted(TASK_TEMPLATES.glob("*.py")):  # functions the YAMLs name (`!function module.name`)
+    for helper in sorted(TASKS_DIR.glob("*.py")):  # functions the YAMLs name (`!function module.name`)
         write_text(out / helper.name, helper.read_text(encoding="utf-8"))
     extension.write_tasks(cfg, out)
     return out

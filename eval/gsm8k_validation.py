@@ -1,5 +1,5 @@
 """The GSM8K validation slice: the last `ROWS` problems of the train split, held out of the training mixtures
-(`pipeline/data_mixtures/gsm8k*.yaml` read `train[:-ROWS]`). lm-eval calls `last_rows` on the task's split."""
+(`data_mixtures/gsm8k*.yaml` read `train[:-ROWS]`). lm-eval calls `last_rows` on the task's split."""
 
 ROWS = 500
 
