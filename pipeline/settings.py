@@ -233,6 +233,7 @@ class StageKind:
     reference: bool = False  # trains against a frozen reference model: the plan adds its forward passes
     no_deepspeed: str = ""  # why it cannot train under accelerate's DeepSpeed; empty: it can
     order: int = 50  # where its section comes in the config and in help=true: SFT first, RL last
+    report_keys: tuple[str, ...] = ()  # its settings the reports show beside the schedule (`reported`)
 
     def config_class(self) -> type | None:
         """The TRL config class the kind builds (imported on first use), None for its own loop."""
@@ -265,6 +266,21 @@ class StageKind:
     def train(self, ctx: Any) -> dict:
         """Train exactly one model from `ctx.input_model` into `ctx.out_dir/model`; return its metrics."""
         raise NotImplementedError(f"stage kind {self.name} does not train")
+
+
+SCHEDULE = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+            "gradient_accumulation_steps")  # what every kind's report shows of its settings
+
+
+def reported(config: dict, kind: str) -> dict:
+    """The settings the leaderboard and model cards show of a stage's recorded `config` (of kind `kind`): the
+    schedule (`SCHEDULE`), its kind's own (`StageKind.report_keys`) and a LoRA rank; unset ones (None, -1) left
+    out."""
+    own = kinds()[kind].report_keys if kind in kinds() else ()
+    out = {k: config[k] for k in (*SCHEDULE, *own) if config.get(k) not in (None, -1)}
+    if (config.get("lora") or {}).get("r"):
+        out["lora_r"] = config["lora"]["r"]
+    return out
 
 
 @functools.cache

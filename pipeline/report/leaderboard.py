@@ -26,10 +26,9 @@ from pipeline import faults
 from pipeline.files import write_json, write_text
 from pipeline.report import charts, headline
 from pipeline.runfolder import RunPaths, StageRecord, candidates, leaderboard_file, stage_folders
+from pipeline.settings import SCHEDULE, kinds, reported
 
 STEP_TIMES = ("forward_s", "backward_s", "optimizer_s", "data_wait_s", "eval_s", "save_s")  # telemetry's breakdown
-HYPER = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
-         "gradient_accumulation_steps", "beta", "loss_type")
 PAIRED = ("diff", "ci_low", "ci_high", "p_value", "n", "gained", "lost")  # of stats.paired_difference
 
 
@@ -38,13 +37,10 @@ def _paired(prefix: str, paired: dict | None) -> dict:
     return {f"{prefix}_{k.removesuffix('_value')}": paired[k] for k in PAIRED if k in (paired or {})}
 
 
-def _hyper(config: dict) -> dict:
-    out = {k: config[k] for k in HYPER if config.get(k) not in (None, -1)}
-    if isinstance(out.get("loss_type"), list):
-        out["loss_type"] = "+".join(out["loss_type"])
-    if (config.get("lora") or {}).get("r"):
-        out["lora_r"] = config["lora"]["r"]
-    return out
+def _hyper(config: dict, record: StageRecord) -> dict:
+    """The settings a row shows (`settings.reported`), a list (DPO's losses) joined with `+`."""
+    shown = reported(config, (record.config or {}).get("kind") or record.stage)
+    return {k: "+".join(map(str, v)) if isinstance(v, list) else v for k, v in shown.items()}
 
 
 def _gate(gate: dict | None) -> dict:
@@ -59,7 +55,7 @@ def _row(run: Path, record: StageRecord, checkpoint: str, candidate: str | None,
     """One flat, typed row: numbers as numbers, no prose, no sentinels; a key without a value is left out."""
     metrics, ev = record.metrics or {}, record.eval
     row = {"run": run.name, "checkpoint": checkpoint, "kind": "candidate" if record.candidate else "stage",
-           "stage": record.stage, "candidate": candidate, **_hyper(config or record.config or {})}
+           "stage": record.stage, "candidate": candidate, **_hyper(config or record.config or {}, record)}
     for name, value in ev["metrics"].items():
         row[name] = value
         if name in ev.get("stderr", {}):
@@ -105,7 +101,8 @@ def columns(table: list[dict]) -> list[str]:
     seen: dict[str, None] = {}
     for row in table:
         seen.update(dict.fromkeys(row))
-    head = ["run", "checkpoint", "kind", "stage", "candidate", *HYPER, "lora_r"]
+    own = dict.fromkeys(k for kind in kinds().values() for k in kind.report_keys)
+    head = ["run", "checkpoint", "kind", "stage", "candidate", *SCHEDULE, *own, "lora_r"]
     metrics = [c for c in seen if "/" in c]
     return [c for c in head if c in seen] + metrics + [c for c in seen if c not in head and c not in metrics]
 

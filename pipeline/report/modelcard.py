@@ -26,11 +26,10 @@ from pipeline.evaluation import stats
 from pipeline.files import write_text
 from pipeline.report import headline
 from pipeline.runfolder import BASE, StageRecord, model_dir, stage_folders, stage_label, stored_path
+from pipeline.settings import reported
 
 FRAMEWORKS = ("transformers", "trl", "torch", "datasets", "accelerate", "peft", "lm_eval")
 MERGES = ("soup", "merge")  # the sweep candidates that average models rather than train one
-KEYS = ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
-        "beta", "loss_type")
 
 
 def _num(value) -> str:
@@ -39,11 +38,9 @@ def _num(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else "" if value is None else str(value)
 
 
-def _hyper(config: dict) -> str:
-    parts = [f"{k}={_num(config[k])}" for k in KEYS if config.get(k) not in (None, -1)]
-    if (config.get("lora") or {}).get("r"):
-        parts.append(f"lora_r={config['lora']['r']}")
-    return ", ".join(parts)
+def _hyper(config: dict, record: StageRecord) -> str:
+    shown = reported(config, (record.config or {}).get("kind") or record.stage)
+    return ", ".join(f"{k}={_num(v)}" for k, v in shown.items())
 
 
 def _data(record: StageRecord) -> str:
@@ -65,7 +62,7 @@ def _chain(records: list[tuple[str, StageRecord]]) -> list[str]:
         m, gate = r.metrics or {}, r.gate
         loss = f"{_num(m.get('loss_first'))} -> {_num(m.get('loss_last'))}" if m.get("loss_first") else ""
         verdict = f"{gate['verdict']}: {gate['reason']}" if gate else ""
-        hyper = _hyper(m.get("trained_with") or r.config or {})  # a sweep: its selected model's settings
+        hyper = _hyper(m.get("trained_with") or r.config or {}, r)  # a sweep: its selected model's settings
         lines.append(f"| {name} | {_data(r)} | {hyper} | {_num(m.get('steps'))} | {loss} | "
                      f"{_gain(gate)} | {verdict.replace('|', '/')} |")
     return lines

@@ -63,6 +63,7 @@ class DpoSettings(StageSettings):
 class Dpo(StageKind):
     name, settings, trl_config, pairs, reference = "dpo", DpoSettings, "trl:DPOConfig", True, True
     order = 30
+    report_keys = ("beta", "loss_type")
     help = "preference optimisation with a sweep"
     defaults = {"learning_rate": 5e-7, "lr_scheduler_type": "cosine"}  # noqa: RUF012
 

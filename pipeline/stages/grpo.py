@@ -24,6 +24,7 @@ class GrpoSettings(RlSettings):
 class Grpo(Rl):
     name, settings, trl_config, help = "grpo", GrpoSettings, "trl:GRPOConfig", "GRPO through TRL"
     order = 80
+    report_keys = ("beta",)
     defaults = {"learning_rate": 1e-6, "lr_scheduler_type": "constant"}  # noqa: RUF012
 
     def vllm_keys(self, cfg: Any, name: str) -> list[str]:

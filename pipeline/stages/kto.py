@@ -26,6 +26,7 @@ class KtoSettings(StageSettings):
 class Kto(StageKind):
     name, settings, trl_config, reference = "kto", KtoSettings, "trl:KTOConfig", True
     order = 40
+    report_keys = ("beta",)
     help = "KTO on unpaired preference rows (TRL's KTOTrainer)"
     defaults = {"learning_rate": 5e-7, "lr_scheduler_type": "cosine"}  # noqa: RUF012
 

@@ -21,6 +21,7 @@ class OrpoSettings(StageSettings):
 class Orpo(StageKind):
     name, settings, pairs = "orpo", OrpoSettings, True
     order = 45
+    report_keys = ("beta",)
     trl_config = "trl.experimental.orpo:ORPOConfig"
     help = "ORPO on preference pairs, no reference model (TRL's ORPOTrainer)"
     defaults = {"learning_rate": 8e-6, "lr_scheduler_type": "linear"}  # noqa: RUF012

@@ -45,6 +45,7 @@ class SftSettings(StageSettings):
 class Sft(StageKind):
     name, settings, trl_config, order = "sft", SftSettings, "trl:SFTConfig", 10
     help = "supervised fine-tuning (chat)"
+    report_keys = ("loss_type",)  # nll, or dft
 
     def formats(self, stage: Any) -> list[str]:
         chats = ["conversational", "prompt-completion"]
