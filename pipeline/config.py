@@ -18,7 +18,17 @@ from pipeline import extension as extensions
 from pipeline import recipe_files
 from pipeline.errors import ConfigError
 from pipeline.recipe_files import yaml_problem
-from pipeline.settings import EvalConfig, ModelConfig, StageKind, arg, declared, is_section, kinds, stage_names
+from pipeline.settings import (
+    EvalConfig,
+    ModelConfig,
+    StageKind,
+    arg,
+    declared,
+    is_section,
+    kinds,
+    path_keys,
+    stage_names,
+)
 from pipeline.suggest import apply, did_you_mean
 from pipeline.validate import validate
 
@@ -50,8 +60,9 @@ class RunConfig:
     extension: str = arg("a Python module that adds a config section, data generators, eval tasks and a built base "
                          "model to the run (pipeline/extension.py), e.g. the embedded demo's", "")
     run_name: str = arg("defaults to the recipe's name (a recipe file's: its stem)", "")
-    output_root: str = arg("folder that holds the run folders", "runs")
-    cache_dir: str = arg("tokenised data and extensions' data and models; defaults to <output_root>/.cache", "")
+    output_root: str = arg("folder that holds the run folders", "runs", path="marked")
+    cache_dir: str = arg("tokenised data and extensions' data and models; defaults to <output_root>/.cache", "",
+                         path="marked")
     stages: list[str] = arg("the stage chain, in order: sections of stage kinds (each kind has a section of its name; "
                             "any other section names its kind, e.g. `sft_long: {kind: sft, ...}`)",
                             factory=lambda: ["sft", "midtrain"])
@@ -63,7 +74,8 @@ class RunConfig:
     base_eval: EvalConfig = arg("lm-eval settings of the base model over `eval` (null: inherit)",
                                 factory=lambda: EvalConfig(apply_chat_template=False))
     plan: PlanConfig = arg("the dry run", factory=PlanConfig)
-    hub_mirror: str = arg("a folder of local Hub dataset copies, <owner>/<repo>/...: `hub:` sources read from it", "")
+    hub_mirror: str = arg("a folder of local Hub dataset copies, <owner>/<repo>/...: `hub:` sources read from it", "",
+                          path="local")
     report_to: list[str] = arg("trackers transformers supports: tensorboard, wandb, trackio, ...", factory=list)
     push_to_hub: str = arg("a Hub model repository, ORG/NAME: a run that passes pushes its final model to the main "
                            "branch and each stage's model to a branch named after the stage (01-sft, ...); needs a "
@@ -158,10 +170,10 @@ def load_with_sources(argv: list[str]) -> tuple[DictConfig, dict[str, str]]:
     extension = next((v for k, v in reversed(overrides) if k == "extension"),
                      next((f.values["extension"] for f in reversed(files) if "extension" in f.values), ""))
     cfg, sources = schema(str(extension or ""), named), {}
-    stages = stage_names(cfg)
+    paths = path_keys(cfg)
     for file in files:
         for key, value in _flatten(file.values, cfg):
-            _set(cfg, sources, key, recipe_files.rebase(key, value, file.path.parent, stages), file.source)
+            _set(cfg, sources, key, recipe_files.rebase(value, file.path.parent, paths.get(key, "")), file.source)
     cfg.recipe = recipe
     for key, raw in overrides:
         try:

@@ -4,8 +4,8 @@ recipes it starts from (`base:`), and the relative paths in each file, read agai
 A recipe may say `base: NAME` (a shipped recipe) or `base: path/to/other.yaml` (relative to the file that says it)
 and override part of its base: mappings merge key by key, any other value (a list too) replaces the base's. In a
 recipe file, a relative value of a path key is read against the file's folder when it starts with ./ or ../, or,
-for a key that only takes a path to read (`LOCAL`), when it names a file or folder there; the command line's
-values stay relative to the current directory.
+for a key that only takes a path to read, when it names a file or folder there (the `path` a field declares:
+`settings.arg`); the command line's values stay relative to the current directory.
 """
 
 from __future__ import annotations
@@ -31,17 +31,6 @@ RECIPES_DIR = shipped("recipes")
 MIXTURES_DIR = shipped("data_mixtures")
 TASKS_DIR = shipped("eval")  # lm-eval task files and the functions they name
 SUFFIXES = (".yaml", ".yml")
-
-# keys whose values are paths to read: a relative one is the recipe's when it exists next to it
-LOCAL = ("hub_mirror", "model.chat_template", "eval.include_path", "eval.gsm8k_dir", "base_eval.include_path",
-         "base_eval.gsm8k_dir")
-# keys that may hold a path, or a Hub id, a stage's or an extension's name, or a folder the run makes: only a
-# path written ./x or ../x is the recipe's
-MARKED = ("output_root", "cache_dir", "model.name_or_path", "model.tokenizer")
-# the same within a stage section (`<stage>.KEY`); a mixture is a path when it ends .yaml / .yml, else a name;
-# `data` (a file, a folder or a Hub id) is the recipe's when written ./x or ../x or when it exists there
-STAGE_LOCAL = ("eval.include_path", "eval.gsm8k_dir", "mixture", "on_policy.mixture", "data")
-STAGE_MARKED = ("reward_model",)
 
 
 @dataclass(frozen=True)
@@ -133,24 +122,15 @@ def chain(recipe: str) -> list[RecipeFile]:
     return [RecipeFile(p, s, v) for p, s, v in reversed(list(zip(paths, sources, values, strict=True)))]
 
 
-def _path_key(key: str, value: str, stages: list[str]) -> str | None:
-    """How a recipe's `key` holds a path: `local` (relative to the recipe when marked ./ or ../, or when it exists
-    there), `marked` (only when marked) or None (not a path)."""
-    section, _, inner = key.partition(".")
-    if section in stages:
-        if inner.endswith("mixture") and not value.endswith(SUFFIXES):
-            return None  # a shipped mixture's name
-        return "local" if inner in STAGE_LOCAL else "marked" if inner in STAGE_MARKED else None
-    return "local" if key in LOCAL else "marked" if key in MARKED else None
-
-
-def rebase(key: str, value: Any, folder: Path, stages: list[str]) -> Any:
-    """The value of a recipe file's `key` with a relative path in it read against the file's `folder` (the module's
-    rule); any other value as it is. `stages`: the config's stage sections."""
+def rebase(value: Any, folder: Path, how: str) -> Any:
+    """A recipe file's `value` of a key that holds a path `how` (`settings.arg`'s `path`: local, marked, mixture;
+    empty: no path), with a relative path in it read against the file's `folder` (the module's rule); any other
+    value as it is."""
     if not isinstance(value, str) or not value or "${" in value or "://" in value:
         return value
-    how = _path_key(key, value, stages)
-    if how is None or Path(value).expanduser().is_absolute():
+    if how == "mixture":  # a shipped mixture's name, or a path
+        how = "local" if value.endswith(SUFFIXES) else ""
+    if not how or Path(value).expanduser().is_absolute():
         return value
     if value.startswith(("./", "../")) or value in (".", "..") or (how == "local" and (folder / value).exists()):
         return os.path.normpath(folder / value)

@@ -19,16 +19,19 @@ from omegaconf import DictConfig, OmegaConf
 
 
 def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = None, added: bool = False,
-        resumable: bool = False, choices: tuple[str, ...] = ()) -> Any:
+        resumable: bool = False, choices: tuple[str, ...] = (), path: str = "") -> Any:
     """A config field with its help text (`metadata={"help": ...}`, as TRL's configs have; `help=true` lists it).
 
     `added`: a field newer than existing run folders. Left at its default it is not part of any fingerprint
     (`fingerprints.fingerprint_view`), so those folders still resume. `resumable`: the field changes how a stage
     runs (logging, saving, memory), not what it trains: it is left out of the stage's fingerprint
     (`fingerprints.training_view`), so a resume or a reuse may change it; `help=true` marks it. `choices`: the values
-    the field takes (null passes where the field allows it); the config loader refuses others.
+    the field takes (null passes where the field allows it); the config loader refuses others. `path`: how a
+    relative path in a recipe file is read (`recipe_files.rebase`): `local` (a path to read: the recipe's when it
+    exists beside it, or written ./x), `marked` (may be a path, a Hub id or a name: the recipe's only when written
+    ./x), `mixture` (a mixture's name, or a path when it ends .yaml).
     """
-    meta = {"help": help, "added": added, "resumable": resumable, "choices": choices}
+    meta = {"help": help, "added": added, "resumable": resumable, "choices": choices, "path": path}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -37,11 +40,11 @@ def arg(help: str, default: Any = MISSING, factory: Callable[[], Any] | None = N
 @dataclass
 class ModelConfig:
     name_or_path: str = arg("Hub id, local checkpoint, or the section name of the recipe extension that builds it",
-                            "HuggingFaceTB/SmolLM3-3B-Base")
+                            "HuggingFaceTB/SmolLM3-3B-Base", path="marked")
     revision: str = arg("a Hub model's branch, tag or commit; 40 hex digits pin it (a branch moves, and stages keyed "
                         "on it do not see the move)", "main", added=True)
-    tokenizer: str = arg("defaults to name_or_path", "")
-    chat_template: str = arg("path to a Jinja template; empty keeps the tokenizer's", "")
+    tokenizer: str = arg("defaults to name_or_path", "", path="marked")
+    chat_template: str = arg("path to a Jinja template; empty keeps the tokenizer's", "", path="local")
     precision: str = arg("auto (bf16 on GPUs that have it, else fp32) | bf16 (also CPU autocast) | fp16 (CUDA, dynamic "
                          "loss scaling) | fp32; autocast over fp32 master weights (see load_dtype)", "auto",
                          choices=("auto", "bf16", "fp16", "fp32"))
@@ -76,8 +79,9 @@ class EvalConfig:
     batch_size: int | None = arg("lm-eval batch size", None)
     apply_chat_template: bool | None = arg("true for instruct checkpoints, false for base models", None)
     include_path: str | None = arg("your lm-eval tasks: a folder of task YAMLs, or one task YAML (its folder is read)",
-                                   None)
-    gsm8k_dir: str | None = arg("GSM8K train.jsonl / test.jsonl folder (task gsm8k_local); empty: openai/gsm8k", None)
+                                   None, path="local")
+    gsm8k_dir: str | None = arg("GSM8K train.jsonl / test.jsonl folder (task gsm8k_local); empty: openai/gsm8k", None,
+                                path="local")
     chat_template_kwargs: Any = arg("a mapping passed to the chat template, e.g. {enable_thinking: false}", None,
                                     added=True)
     fast_generation: bool | None = arg("true (null at the top level): lm-eval's repeated work done once, finished "
@@ -124,10 +128,10 @@ class StageSettings:
     kind: str = arg("the stage kind that trains this section (a `KIND` of pipeline/stages/); fixed per section", "")
     enabled: bool = arg("a stage listed in `stages` but disabled is skipped (e.g. optional PPO)", True)
     mixture: str = arg("a weighted blend of sources: data_mixtures/NAME.yaml or a path to a mixture YAML; "
-                       "one of mixture and data", "")
+                       "one of mixture and data", "", path="mixture")
     data: str = arg("one dataset in a format TRL documents: a Hub id (org/name, org/name:split, org/name@config:split) "
                     "or a local .jsonl / .json / .parquet / .csv file or folder of them (docs/training.md); one of "
-                    "data and mixture", "", added=True)
+                    "data and mixture", "", added=True, path="local")
     data_columns: dict[str, str] = arg("with data: target -> the data's column, for columns not named as TRL names "
                                        "them, e.g. {prompt: question, answer: answer} (only mapped columns are "
                                        "read); empty: TRL's names", factory=dict, added=True)
@@ -181,6 +185,21 @@ def declared(stage: Any) -> set[str]:
     """The keys the section `stage`'s settings dataclass declares (none for a plain mapping)."""
     schema = OmegaConf.get_type(stage)
     return {f.name for f in fields(schema)} if is_dataclass(schema) else set()
+
+
+def path_keys(node: DictConfig, prefix: str = "") -> dict[str, str]:
+    """Every dotted key of the config `node` that may hold a path, and how a recipe reads it (`arg`'s `path`),
+    from the fields its sections declare: the run's, each stage kind's and extension's, nested ones included."""
+    schema = OmegaConf.get_type(node)
+    meta = {f.name: f.metadata for f in fields(schema)} if is_dataclass(schema) else {}
+    out = {}
+    for key in node:
+        if meta.get(key, {}).get("path"):
+            out[f"{prefix}{key}"] = meta[key]["path"]
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            out |= path_keys(child, f"{prefix}{key}.")
+    return out
 
 
 def is_section(value: Any) -> bool:
@@ -251,6 +270,11 @@ class StageKind:
         formats its rows must have, its role)."""
         source = data_source(stage)
         return [(source, self.formats(stage), "train")] if source else []
+
+    def extra_tokens(self, stage: Any, name: str) -> tuple[float | None, str] | None:
+        """What the plan counts beyond the stage's data source per epoch (e.g. DPO's on-policy pairs): (tokens, or
+        None when unknown; how they were counted), or None for nothing more."""
+        return None
 
     def check(self, cfg: Any, name: str) -> None:
         """Refuse settings of the enabled section `name` that cannot run (ConfigError), before any model loads."""

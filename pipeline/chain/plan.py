@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.chain import dryrun, revisions
 from pipeline.chain.basemodel import architecture
-from pipeline.data.mixtures import load_spec, source_name, stage_mixtures
+from pipeline.data.mixtures import load_spec, source_name
 from pipeline.errors import ConfigError
 from pipeline.evaluation import lmeval as evaluate
 from pipeline.evaluation import power
@@ -87,11 +87,10 @@ def _tokens(cfg: DictConfig, name: str) -> tuple[float | None, str]:
         if not stated:
             return None, f"unknown: {source_name(source)} states no `tokens:` and {name}.max_steps is not set"
         parts.append((stated, f"{stated:.3g} tokens stated by {source_name(source)}"))
-    if "on_policy" in s and s.on_policy.enabled:
-        if not s.on_policy.max_prompts:
-            return None, f"unknown: on-policy pairs without {name}.on_policy.max_prompts"
-        parts.append((s.on_policy.max_prompts * 2 * s.max_length,
-                      f"at most {s.on_policy.max_prompts} on-policy pairs x 2 x max_length {s.max_length}"))
+    if extra := kind.extra_tokens(s, name):
+        if extra[0] is None:
+            return extra
+        parts.append(extra)
     return (s.num_train_epochs * sum(t for t, _ in parts),
             f"{s.num_train_epochs:g} epoch(s) x ({' + '.join(b for _, b in parts)})")
 
@@ -107,8 +106,7 @@ def _datasets(cfg: DictConfig, name: str) -> list[dict]:
     """The sources of each mixture stage `name` reads, with their weights and Hub revisions; a local data file
     that is not there is refused, as the run's preflight would."""
     out = []
-    for mixture in stage_mixtures(cfg, name):
-        role = "train" if mixture == data_source(cfg[name]) else "on-policy prompts"
+    for mixture, _, role in kind_of(cfg, name).mixtures(cfg[name]):
         spec = load_spec(mixture)
         missing = [s.path for s in spec.sources if s.path and not Path(s.path).is_file()]
         if missing:

@@ -28,7 +28,7 @@ class OnPolicyConfig:
     """Preference pairs sampled from the stage's input model on prompts with known answers, judged by a verifier."""
 
     enabled: bool = arg("sample on-policy pairs from the stage's input model", False)
-    mixture: str = arg("rows with `prompt` (chat) and `answer`", "")
+    mixture: str = arg("rows with `prompt` (chat) and `answer`", "", path="mixture")
     samples: int = arg("answers sampled per prompt", 4)
     max_new_tokens: int = arg("most tokens sampled per answer", 128)
     temperature: float = arg("sampling temperature", 1.0)
@@ -75,6 +75,14 @@ class Dpo(StageKind):
         if stage.on_policy.enabled:
             out.append((stage.on_policy.mixture, ["prompt with answer"], "on-policy prompts"))
         return out
+
+    def extra_tokens(self, stage: Any, name: str) -> tuple[float | None, str] | None:
+        if not stage.on_policy.enabled:
+            return None
+        if not stage.on_policy.max_prompts:
+            return None, f"unknown: on-policy pairs without {name}.on_policy.max_prompts"
+        return (stage.on_policy.max_prompts * 2 * stage.max_length,
+                f"at most {stage.on_policy.max_prompts} on-policy pairs x 2 x max_length {stage.max_length}")
 
     def check(self, cfg: Any, name: str) -> None:
         stage = cfg[name]

@@ -32,7 +32,7 @@ class RlSettings(StageSettings):
     reward: str = arg("a verifier of the response against the row's `answer`: verifiable or gsm8k (the built-in `#### "
                       "N` check), or module:function, fn(completions, answers) -> list[float] "
                       "(docs/training.md); model: a reward model", "verifiable")
-    reward_model: str = arg("a checkpoint path, or the name of an earlier `reward` stage", "")
+    reward_model: str = arg("a checkpoint path, or the name of an earlier `reward` stage", "", path="marked")
     format_reward: float = arg("added when the response has a `#### N` line at all", 0.0)
     max_new_tokens: int = arg("most tokens generated per response", 128)
     temperature: float = arg("sampling temperature of the rollouts", 1.0)
