@@ -152,3 +152,42 @@ def test_pass_through_keys_enter_the_fingerprint_unless_they_only_change_how_it_
     changed = load_config([*TINY, "sft.neftune_noise_alpha=5", "sft.logging_first_step=false"])
     view = training_view(stage_section(changed, "sft"), OmegaConf.get_type(changed.sft))
     assert view == {**plain, "neftune_noise_alpha": 5}
+
+
+# A kind declares a setting its TRL config also has only for a reason listed here; `trl_config` passes each by its
+# own name. Every kind's schedule (StageSettings: learning_rate, max_steps, ...) is declared for all kinds: PPO's
+# own loop, the plan and the reports read it, and the recipes' defaults are not TRL's.
+OVERLAPS = {
+    "packing": "on by default (TRL: off); our packing (data/packing.py) decides what reaches TRL",
+    "assistant_only_loss": "on by default (TRL: off); rows come tokenised with their masks (the trainer gets false)",
+    "dataset_num_proc": "1 by default (TRL: None), the tokenising cache's processes too",
+    "precompute_ref_log_probs": "on by default (TRL: off): the reference runs once per stage, not per candidate",
+    "center_rewards_coefficient": "0 by default (TRL: None)",
+    "num_generations": "4 by default (TRL: 8), sized for small models",
+    "beta": "swept and reported (report_keys); GRPO's is 0.04 (TRL: 0)",
+    "loss_type": "a list the reports join; swept by DPO recipes",
+    "loss_weights": "empty by default, one weight per loss type (checked against loss_type before the run)",
+    "activation_offloading": "refused before the run on CPU (precision.memory_args)",
+    # at TRL's default, declared when finished run folders were fingerprinted: undeclared, a stage that leaves it
+    # at its default would get another fingerprint
+    "packing_strategy": "in finished run folders' fingerprints",
+    "train_sampling_strategy": "in finished run folders' fingerprints",
+    "desirable_weight": "in finished run folders' fingerprints",
+    "undesirable_weight": "in finished run folders' fingerprints",
+    "temperature": "in finished run folders' fingerprints",
+}
+
+
+def test_a_kind_redeclares_a_field_of_its_trl_config_only_for_a_listed_reason():
+    from dataclasses import fields
+
+    from pipeline.settings import StageSettings, kinds
+
+    schedule = {f.name for f in fields(StageSettings)}
+    found = {}
+    for kind in kinds().values():
+        trl = {f.name for f in fields(kind.config_class())} if kind.trl_config else set()
+        for name in {f.name for f in fields(kind.settings)} & trl - schedule:
+            found.setdefault(name, []).append(kind.name)
+    assert set(found) == set(OVERLAPS), {"not listed": sorted(set(found) - set(OVERLAPS)),
+                                         "listed, no longer declared": sorted(set(OVERLAPS) - set(found))}

@@ -204,9 +204,7 @@ def dpo_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Any = N
     from pipeline.train.trainer import common_args, trl_config
 
     return trl_config(DPOConfig, stage, dict(
-        **common_args(stage, work_dir, seed, precision, run), beta=stage.beta, loss_type=list(stage.loss_type),
-        loss_weights=list(stage.loss_weights) or None, padding_free=stage.padding_free,
-        precompute_ref_log_probs=stage.precompute_ref_log_probs))
+        **common_args(stage, work_dir, seed, precision, run), loss_weights=list(stage.loss_weights) or None))
 
 
 def trainer(ctx: Any, tok: Any, pairs: Any, work: Path) -> Any:

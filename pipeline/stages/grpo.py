@@ -46,11 +46,9 @@ def grpo_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Any = 
 
     from pipeline.train.trainer import common_args, trl_config
 
-    base = common_args(stage, work_dir, seed, precision, run)
-    base.pop("max_length")  # GRPO bounds prompts by the data and completions by max_completion_length
     return trl_config(GRPOConfig, stage, dict(
-        **base, num_generations=stage.num_generations, max_completion_length=stage.max_new_tokens,
-        temperature=stage.temperature, beta=stage.beta, include_num_input_tokens_seen="non_padding",
+        **common_args(stage, work_dir, seed, precision, run), max_completion_length=stage.max_new_tokens,
+        include_num_input_tokens_seen="non_padding",
         **({"use_vllm": True, "vllm_mode": "colocate"} if stage.get("backend") == "vllm" else {}),
         **({"trust_remote_code": run.model.trust_remote_code} if run is not None else {})))  # TRL's vLLM engine too
 

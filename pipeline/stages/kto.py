@@ -38,9 +38,7 @@ class Kto(StageKind):
 
         from pipeline.train.trainer import common_args, trl_config
 
-        return trl_config(KTOConfig, stage, dict(
-            **common_args(stage, work_dir, seed, precision, run), beta=stage.beta,
-            desirable_weight=stage.desirable_weight, undesirable_weight=stage.undesirable_weight))
+        return trl_config(KTOConfig, stage, common_args(stage, work_dir, seed, precision, run))
 
     def train(self, ctx: Any) -> dict:
         from trl import KTOTrainer

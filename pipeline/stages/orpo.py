@@ -36,8 +36,7 @@ class Orpo(StageKind):
     def trainer_args(self, stage: Any, work_dir: Any, seed: int, precision: str, run: Any = None) -> Any:
         from pipeline.train.trainer import common_args, trl_config
 
-        return trl_config(self.config_class(), stage, dict(**common_args(stage, work_dir, seed, precision, run),
-                                                           beta=stage.beta))
+        return trl_config(self.config_class(), stage, common_args(stage, work_dir, seed, precision, run))
 
     def train(self, ctx: Any) -> dict:
         self.config_class()

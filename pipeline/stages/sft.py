@@ -113,9 +113,7 @@ def sft_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Any = N
     return trl_config(SFTConfig, stage, dict(
         **common_args(stage, work_dir, seed, precision, run),
         packing=stage.packing and not packing.applies(stage),  # ours: rows kept apart (packing.py)
-        packing_strategy=stage.packing_strategy,
         padding_free=stage.padding_free and not wrapped,
-        train_sampling_strategy=stage.train_sampling_strategy,
         assistant_only_loss=False,  # rows come tokenised; their `assistant_masks` column masks the loss
         include_num_input_tokens_seen="non_padding",
     ))

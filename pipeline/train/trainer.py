@@ -10,6 +10,7 @@ counts only once its files are fsynced and its marker (`COMPLETE`, listing them 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import shutil
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 from transformers.trainer_utils import TrainOutput
@@ -32,7 +33,7 @@ from pipeline.distributed import is_main, main_value, main_writes, trainer_state
 from pipeline.errors import LockLost, MemoryAlert, TrainingFailed
 from pipeline.files import commit_dir, fsync_tree, lock_lost, read_json, temp_name, write_json
 from pipeline.runfolder import checkpoint_dir, checkpoints, model_dir
-from pipeline.settings import passed_through
+from pipeline.settings import declared, passed_through
 from pipeline.train import precision as prec
 from pipeline.train import progress, tracking
 from pipeline.train.telemetry import MEMORY_LIMIT, Telemetry
@@ -43,26 +44,15 @@ log = logging.getLogger("pipeline")
 
 
 def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: DictConfig | None = None) -> dict:
-    """TrainingArguments shared by every TRL trainer we drive (bf16 on capable GPUs, CPU-safe otherwise); the run
-    `run` (when given) adds its tracking settings."""
+    """TrainingArguments the pipeline computes for every TRL trainer it drives (bf16 on capable GPUs, CPU-safe
+    otherwise), beyond the stage's settings of the same names (`trl_config`); the run `run` (when given) adds its
+    tracking settings."""
     return dict(
         output_dir=str(work_dir),
-        learning_rate=stage.learning_rate,
-        lr_scheduler_type=stage.lr_scheduler_type,
         lr_scheduler_kwargs={"min_lr_rate": stage.min_lr_rate} if "min_lr" in stage.lr_scheduler_type else None,
         # transformers 5 has no warmup_ratio: a warmup_steps below 1 is read as a fraction of the training steps
         warmup_steps=stage.warmup_ratio,
-        max_grad_norm=stage.max_grad_norm,
-        weight_decay=stage.weight_decay,
-        num_train_epochs=stage.num_train_epochs,
-        max_steps=stage.max_steps,
-        per_device_train_batch_size=stage.per_device_train_batch_size,
-        gradient_accumulation_steps=stage.gradient_accumulation_steps,
-        max_length=stage.max_length,
-        gradient_checkpointing=stage.gradient_checkpointing,
-        logging_steps=stage.logging_steps,
         logging_first_step=True,
-        save_steps=stage.save_steps,
         save_total_limit=2,
         seed=seed,
         **prec.trainer_flags(precision),
@@ -75,12 +65,15 @@ def common_args(stage: Any, work_dir: Path, seed: int, precision: str, run: Dict
 
 
 def trl_config(cls: type, stage: Any, computed: dict) -> Any:
-    """The TRL config `cls` from the arguments the pipeline computes, with the stage's keys that its settings do not
-    declare (TRL's own fields, checked when the config loads: `settings.passed_through`) over them. Secret values
+    """The TRL config `cls`: every setting the stage declares that `cls` has a field of the same name for, as it
+    is; over them the arguments the pipeline computes (`computed`); over those the stage's keys that its settings do
+    not declare (TRL's own fields, checked when the config loads: `settings.passed_through`). Secret values
     (`hub_token`) reach it as `redact.Secret`: a pickle of the config (`training_args.bin`) holds them redacted."""
     from pipeline import redact
 
-    return cls(**{**computed, **redact.protect(passed_through(stage))})
+    named = {f.name for f in dataclasses.fields(cls)} & declared(stage)
+    same = {k: v for k, v in OmegaConf.to_container(stage, resolve=True).items() if k in named}
+    return cls(**{**same, **computed, **redact.protect(passed_through(stage))})
 
 
 def lora_config(stage: Any):
