@@ -5,6 +5,7 @@ Hub, is not run: huggingface_hub offers no local stand-in of the Hub."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,27 @@ def test_a_push_while_the_hub_is_off_exits_2_and_the_token_is_kept_out_of_the_lo
         preflight.hub_login(load_config([f"push_to_hub={REPO}"]))  # the tests run with HF_HUB_OFFLINE=1
     assert err.value.code == BAD_INPUT
     assert redact.scrub(f"Authorization: Bearer {TOKEN}") == "Authorization: Bearer <redacted>"
+
+
+def test_no_push_is_started_that_the_job_s_end_would_cut_short(tmp_path, monkeypatch):
+    """Each push is timed in hub_pushes.json; under a Slurm time limit, a push that the slowest rate so far says
+    would not end in time is not started: the run stops as on a signal (exit 75), and the requeued job pushes it."""
+    from pipeline import preempt
+    from pipeline.errors import Preempted
+
+    monkeypatch.setattr(preempt, "_requested", dict(preempt._requested))  # this test's stop stays in it
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"w" * 4000)
+    item = hub.Upload(REPO, "main", tmp_path / "model", ["model.safetensors"], "card", "m", "k")
+    sent = []
+    monkeypatch.setattr(hub, "upload", lambda u: sent.append(u) or "https://hub/commit/1")
+    record = tmp_path / "hub_pushes.json"
+    pushed = {f"{REPO}@01-sft": {"key": "j", "bytes": 1000, "seconds": 10.0}}  # 100 bytes/s: 40 s for this one
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(time.time() + 20))
+    with pytest.raises(Preempted, match=rf"\d+ s left, {REPO}@main would take about 40 s\); stopped cleanly"):
+        hub.push_uploads([item], pushed, record, tmp_path)
+    assert sent == [] and not record.exists()
+    preempt._requested.update(signal=None, reason=None)
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(time.time() + 3600))
+    hub.push_uploads([item], pushed, record, tmp_path)
+    assert sent == [item] and pushed[item.target]["bytes"] == 4004 and pushed[item.target]["seconds"] >= 0

@@ -13,11 +13,13 @@ huggingface_hub's own (HF_TOKEN or `hf auth login`): no token is passed or writt
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from pipeline import preempt
 from pipeline.files import fingerprint, read_json, write_json
 from pipeline.report import modelcard
 from pipeline.runfolder import RunPaths, StageRecord, candidate_folders, model_dir, stage_label, stored_path
@@ -38,6 +40,11 @@ class Upload:
     card: str
     message: str
     key: str
+
+    @property
+    def size(self) -> int:
+        """The bytes it sends: its files and its card."""
+        return sum((self.folder / f).stat().st_size for f in self.files) + len(self.card.encode())
 
     @property
     def target(self) -> str:
@@ -88,11 +95,34 @@ def push(cfg: DictConfig, root: Path, stages: list[Path]) -> None:
     if not todo:
         log.info("%s: the run's models are on the Hub already (%s; push_again=true pushes them again)",
                  cfg.push_to_hub, record)
+    push_uploads(todo, pushed, record, root)
+
+
+def push_uploads(todo: list[Upload], pushed: dict, record: Path, root: Path) -> None:
+    """Upload each of `todo`, recording it in `pushed` and its file `record` as it lands, with its size and time.
+    Under a Slurm time limit (`preempt.job_time_left`), an upload that would not end before it at the slowest rate
+    of this run's pushes so far is not started: the run stops as on a signal (exit 75), and the requeued job pushes
+    what is left."""
     for item in todo:
+        left, need = preempt.job_time_left(), upload_seconds(item.size, pushed)
+        if left is not None and need is not None and left < need:
+            preempt.stop(f"the job's time limit is nearer than a push ({max(left, 0):.0f} s left, {item.target} "
+                         f"would take about {need:.0f} s)")
+            preempt.check(f"before pushing {item.target}")
         log.info("pushing %s to %s, revision %s", stored_path(item.folder, root), item.repo, item.revision)
-        pushed[item.target] = {"key": item.key, "model": stored_path(item.folder, root), "commit": upload(item)}
+        t0 = time.monotonic()
+        commit = upload(item)
+        pushed[item.target] = {"key": item.key, "model": stored_path(item.folder, root), "commit": commit,
+                               "bytes": item.size, "seconds": round(time.monotonic() - t0, 3)}
         write_json(record, pushed)
-        log.info("pushed: %s", pushed[item.target]["commit"])
+        log.info("pushed: %s", commit)
+
+
+def upload_seconds(size: int, pushed: dict) -> float | None:
+    """About how long sending `size` bytes takes at the slowest rate of the pushes in `pushed` (`hub_pushes.json`);
+    None before any was timed."""
+    rates = [p["bytes"] / p["seconds"] for p in pushed.values() if p.get("bytes") and p.get("seconds")]
+    return size / min(rates) if rates else None
 
 
 def upload(item: Upload) -> str:
