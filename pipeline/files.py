@@ -463,9 +463,10 @@ def remove_leftovers(root: Path, lease_s: float | None = None) -> list[Path]:
     in this pid space (`pid_space`: this host's boot and pid namespace) its pid is dead; elsewhere (another host,
     another container of this host, or a writer of a release that named the host only) nothing under the name
     changed for a lease (`LEASE_S`), as a live writer there (a sweep array task on another node) keeps writing.
-    Hidden `.<name>.tmp` folders, whose writer is unknown, go after a lease too. Call it holding the run lock."""
+    Hidden `.<name>.tmp` folders, whose writer is unknown, go after a lease too. Ages are read on the storage's own
+    clock (`storage_now`), never against this host's. Call it holding the run lock."""
     lease = lock_timing()[0] if lease_s is None else lease_s
-    host, now, removed = pid_space(), time.time(), []
+    host, now, removed = pid_space(), storage_now(root), []
     for sub, dirs, files in os.walk(root):
         for name in [*dirs, *files]:
             path = Path(sub) / name
@@ -494,6 +495,19 @@ def remove_leftovers(root: Path, lease_s: float | None = None) -> list[Path]:
                 path.unlink(missing_ok=True)
             removed.append(path)
     return removed
+
+
+def storage_now(folder: Path) -> float:
+    """The time as the storage holding `folder` stamps files (a network filesystem's server clock, whatever this
+    host's says): the modification time of a file written there now; this host's clock where none can be."""
+    probe = temp_name(Path(folder) / ".clock")
+    try:
+        probe.write_bytes(b"")
+        return probe.stat().st_mtime
+    except OSError:
+        return time.time()
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def _link(src: Path, dst: Path) -> None:

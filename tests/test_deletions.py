@@ -73,6 +73,8 @@ SITES = {
         ("replace", "a commit killed between its renames: the old folder back under its name"),
     ("pipeline/files.py", "remove_leftovers", "shutil.rmtree(path, ignore_errors=True)"):
         ("temp", "temporary folders of writers that are gone (this host's dead pids, or past the lease)"),
+    ("pipeline/files.py", "storage_now", "probe.unlink(missing_ok=True)"):
+        ("temp", "the empty file this process wrote to read the storage's clock"),
     ("pipeline/files.py", "remove_leftovers", "path.unlink(missing_ok=True)"):
         ("temp", "the same, for files"),
     ("pipeline/rl/actor_critic.py", "PPOLoop.save", "shutil.rmtree(old, ignore_errors=True)"):

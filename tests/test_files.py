@@ -272,6 +272,17 @@ def test_contenders_racing_on_a_stale_lock_exactly_one_wins(tmp_path):
         assert not (run / ".lock").exists() and list(run.iterdir()) == []  # released; no claim or temp left
 
 
+def test_leftover_ages_are_read_on_the_storage_s_clock_not_this_host_s(tmp_path, monkeypatch):
+    """Another host's temporary folder written just now stays when this host's clock runs 10 minutes ahead (the
+    storage stamps its files by its own clock: a network filesystem's server)."""
+    fresh = tmp_path / f".model.tmp-node-b-78-{'e' * 12}"
+    (fresh / "sub").mkdir(parents=True)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 600)
+    assert remove_leftovers(tmp_path, lease_s=120) == [] and fresh.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [fresh.name]  # the clock's probe is gone
+
+
 def test_leftovers_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     host, dead = pid_space(), 2**22 + 11
     stage = tmp_path / "stages/01-sft"
