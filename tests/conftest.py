@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import faultmatrix
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,3 +107,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if os.environ.get("MUTANT_UNDER_TEST") and took.is_file():
         durations = json.loads(took.read_text())["duration_by_test"]
         items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """`--fault-matrix FILE`: rewrite the fault matrix in FILE (docs/reliability.md) from this run (faultmatrix.py)."""
+    parser.addoption("--fault-matrix", metavar="FILE", help="rewrite the fault matrix in FILE from the marked tests "
+                     "that pass in this run")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The `fault` marker (tests/faultmatrix.py) and the cells of this run's passing marked tests."""
+    config.addinivalue_line("markers", "fault(phase, fault, code, rerun): the fault matrix cell a test checks")
+    config.fault_cells = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Keep the cell of each `fault` marker (checked against the matrix's rows and columns) of a test that passed."""
+    report = yield
+    for mark in item.iter_markers("fault"):
+        phase, fault, code, rerun = mark.args
+        faultmatrix.check(phase, fault)
+        if report.when == "call" and report.passed:
+            item.config.fault_cells.setdefault((phase, fault), []).append(
+                faultmatrix.entry(f"{item.path.stem}::{item.name}", code, rerun))
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With `--fault-matrix FILE`: write the cells this run's tests passed into FILE."""
+    path = session.config.getoption("--fault-matrix")
+    if path:
+        faultmatrix.write(Path(path), session.config.fault_cells)

@@ -227,6 +227,8 @@ def test_a_run_refused_by_the_lock_writes_nothing_into_the_run_folder(chain, cap
     assert after == before  # outcome.json, pipeline.log and everything else untouched, nothing added
 
 
+@pytest.mark.fault("save", "lost lease", "6",
+                   "the last marked checkpoint: the new one is not marked, no older one removed")
 def test_a_process_that_lost_its_lock_marks_no_checkpoint_and_rotates_none_out(tmp_path):
     run = tmp_path / "runs/tiny"
     work = run / "stages/01-sft/work"

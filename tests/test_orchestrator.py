@@ -198,6 +198,8 @@ def test_after_a_sweep_the_next_stage_is_judged_on_the_gate_half_only(chain):
 
 
 @pytest.mark.slow
+@pytest.mark.fault("training", "corrupt file", "2",
+                   "nothing: refused, naming the record and the ways out; nothing retrained or deleted")
 def test_an_unreadable_record_is_refused_naming_it_and_never_retrained(chain, capsys):
     code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
     assert code == 0
@@ -241,6 +243,7 @@ def test_a_resume_on_another_world_size_is_refused_naming_both(chain, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.fault("scoring", "corrupt file", "0", "the model; it is scored again, with a warning")
 def test_an_unreadable_score_cache_entry_is_scored_anew_with_a_warning(chain):
     code, run, _ = chain({"sft": 0.5, "midtrain": 0.75})
     assert code == 0
@@ -255,6 +258,7 @@ def test_an_unreadable_score_cache_entry_is_scored_anew_with_a_warning(chain):
     assert all(json.loads(entry.read_text())["samples"] for entry in entries)  # replaced by what was scored
 
 
+@pytest.mark.fault("training", "lost lease", "6", "what the records say: the stopped run writes nothing more")
 def test_a_run_that_lost_its_lock_stops_before_its_next_write_with_exit_6(chain, monkeypatch, capsys):
     taker, train = {"pid": 4242, "host": "node-b", "owner": "another", "heartbeat": 0.0}, Chain.train
 

@@ -54,6 +54,8 @@ def reference(tmp_path_factory, cache_dir):
     return out / "tiny"
 
 
+@pytest.mark.fault("training", "SIGKILL", "137 (killed)",
+                   "resumes from its last marked checkpoint, with the same losses after it")
 def test_sigkill_mid_stage_resumes_from_the_last_checkpoint_with_the_same_losses(reference, tmp_path, cache_dir):
     args = _args(tmp_path, cache_dir)
     proc = _start(args)
@@ -72,6 +74,8 @@ def test_sigkill_mid_stage_resumes_from_the_last_checkpoint_with_the_same_losses
         assert got[step] == pytest.approx(ref[step], rel=1e-4), (step, got[step], ref[step])
 
 
+@pytest.mark.fault("training", "SIGTERM", "75",
+                   "resumes from the checkpoint it saved (an edited config is refused, the checkpoints kept)")
 def test_sigterm_saves_and_exits_75_then_resumes(tmp_path, cache_dir):
     args = _args(tmp_path, cache_dir)
     proc = _start(args)
@@ -95,6 +99,7 @@ def test_sigterm_saves_and_exits_75_then_resumes(tmp_path, cache_dir):
     assert done["status"] == "done" and done["metrics"]["resumed_from"] == str(saved[-1])
 
 
+@pytest.mark.fault("save", "corrupt file", "0", "sets the cut checkpoint aside and resumes from the one before")
 def test_a_checkpoint_cut_short_is_set_aside_and_the_one_before_is_used(tmp_path, cache_dir):
     args = _args(tmp_path, cache_dir)
     proc = _start(args)
@@ -214,6 +219,7 @@ def _wait_for_status(path: Path, status: str, proc: subprocess.Popen, timeout: f
         time.sleep(0.05)
 
 
+@pytest.mark.fault("scoring", "SIGKILL", "137 (killed)", "scores again, trains nothing")
 def test_sigkill_during_eval_rescores_only(tmp_path, cache_dir):
     args = ["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft]",
             "eval.max_gen_toks=256", "eval.batch_size=4"]  # a slower eval, so the kill lands inside it
@@ -232,6 +238,7 @@ def test_sigkill_during_eval_rescores_only(tmp_path, cache_dir):
     assert json.loads(record.read_text())["eval"]["samples"] == {"tiny_gsm": 50}
 
 
+@pytest.mark.fault("training", "SIGKILL", "137 (killed)", "a sweep's finished candidates; the killed one trains again")
 def test_sigkill_during_a_sweep_candidate_keeps_the_finished_ones(tmp_path, cache_dir):
     args = ["recipe=tiny", f"output_root={tmp_path}", f"cache_dir={cache_dir}", *FAST, "stages=[sft,dpo]",
             "dpo.mixture=tiny_prefs", "dpo.on_policy.enabled=false", "dpo.max_steps=30", "dpo.save_steps=1000",
@@ -256,6 +263,7 @@ def test_sigkill_during_a_sweep_candidate_keeps_the_finished_ones(tmp_path, cach
     assert json.loads((tmp_path / "tiny/stages/02-dpo/stage.json").read_text())["status"] == "done"
 
 
+@pytest.mark.fault("scoring", "SIGTERM", "75", "scores, trains nothing")
 def test_sigterm_while_scoring_stops_at_once_and_the_rerun_scores_without_retraining(reference, tmp_path,
                                                                                       cache_dir):
     # eval settings of its own: the reference run's scores of the same weights are not in the cache for these
@@ -276,6 +284,7 @@ def test_sigterm_while_scoring_stops_at_once_and_the_rerun_scores_without_retrai
     assert _losses(tmp_path / "tiny") == pytest.approx(_losses(reference), abs=1e-4)
 
 
+@pytest.mark.fault("tokenising", "SIGTERM", "75 (SIGINT, handled alike)", "tokenises again, then trains")
 def test_ctrl_c_while_tokenising_stops_at_once_and_the_rerun_finishes(tmp_path, cache_dir):
     """SIGINT to the process group, as a terminal sends it; tokenising is held up by the test hook."""
     args = _args(tmp_path, cache_dir, "sft.max_length=200", "eval.tasks=[]", "sft.gate.metric=")  # a new cache key
@@ -295,7 +304,14 @@ def test_ctrl_c_while_tokenising_stops_at_once_and_the_rerun_finishes(tmp_path, 
     assert again.returncode == 0, again.stderr[-3000:]
 
 
-@pytest.mark.parametrize("point", ["model-saved", "scored 01-sft", "leaderboard"])
+@pytest.mark.parametrize("point", [
+    pytest.param("model-saved", marks=pytest.mark.fault(
+        "save", "SIGKILL", "137 (killed)", "resumes from its final checkpoint: no step trained twice")),
+    pytest.param("scored 01-sft", marks=pytest.mark.fault(
+        "scoring", "SIGKILL", "137 (killed)", "the trained model; scored again (or from the score cache)")),
+    pytest.param("leaderboard", marks=pytest.mark.fault(
+        "leaderboard", "SIGKILL", "137 (killed)", "every stage; the leaderboard is written again")),
+])
 def test_a_node_dying_at_any_point_resumes_with_the_same_losses_and_nothing_trained_twice(point, reference, tmp_path,
                                                                                           cache_dir):
     """SIGKILL (pipeline/faults.py) after a stage's model/ is committed but before its record says so, while its
