@@ -292,7 +292,7 @@ class StageKind:
         raise NotImplementedError(f"stage kind {self.name} does not train")
 
 
-SCHEDULE = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+SCHEDULE = ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
             "gradient_accumulation_steps")  # what every kind's report shows of its settings
 
 
