@@ -138,6 +138,8 @@ def test_lock_refuses_a_live_owner_touching_nothing_and_takes_over_an_expired_le
 
 
 def test_full_disk_during_save_keeps_the_previous_checkpoint(reference, tmp_path, cache_dir):
+    """A redo that cannot save (a disk that takes no file over 1 MB) fails with exit 4; the finished model it was
+    to replace is kept, and the first command puts it back."""
     run = tmp_path / "tiny"
     shutil.copytree(reference, run)
     before = load_file(str(run / "stages/01-sft/model/model.safetensors"))
@@ -154,9 +156,14 @@ def test_full_disk_during_save_keeps_the_previous_checkpoint(reference, tmp_path
     assert len([line for line in proc.stderr.splitlines() if line.startswith("training failed: ")]) == 1
     outcome = json.loads((run / "outcome.json").read_text())
     assert (outcome["exit_code"], outcome["outcome"]) == (4, "training_failed")
-    after = load_file(str(run / "stages/01-sft/model/model.safetensors"))
-    assert all((before[k] == after[k]).all() for k in before)
     assert json.loads((run / "stages/01-sft/stage.json").read_text())["status"] != "done"
+    (kept,) = (run / "kept").glob("01-sft@*")  # the finished stage this redo (another config) replaces, kept whole
+    after = load_file(str(kept / "model/model.safetensors"))
+    assert all((before[k] == after[k]).all() for k in before)
+    back = run_cli(*_args(tmp_path, cache_dir))  # its own config again: put back and reused, nothing trained
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert "put back from" in back.stderr and "reusing finished stage" in back.stderr
+    assert "training from" not in back.stderr
 
 
 def test_secrets_never_reach_run_files(tmp_path, cache_dir):
