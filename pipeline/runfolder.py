@@ -298,12 +298,18 @@ def kept_dir(root: Path, folder: Path, fingerprint: str) -> Path:
 
 def keep(root: Path, folder: Path) -> Path | None:
     """Move the stage or candidate `folder` of the run `root` to `kept/` (`kept_dir`) when its record is finished
-    or interrupted (`KEPT`), so that another fingerprint can take its place and it can come back (`restore`);
-    return where it went, or None (nothing worth keeping: no record, or a stale one). Main process."""
-    record = StageRecord.read(folder)
-    if not (record.fingerprint and record.status in KEPT):
-        return None
-    target = kept_dir(root, folder, record.fingerprint)
+    or interrupted (`KEPT`), so that another fingerprint can take its place and it can come back (`restore`), or
+    when its record cannot be read (`@unreadable`: what it holds is not judged); return where it went, or None
+    (nothing worth keeping: no record, or a stale one). Main process."""
+    try:
+        record = StageRecord.read(folder, strict=True)
+    except ConfigError:
+        name = "unreadable"
+    else:
+        if not (record.fingerprint and record.status in KEPT):
+            return None
+        name = record.fingerprint
+    target = kept_dir(root, folder, name)
     while target.exists():  # the same fingerprint kept before: keep both
         target = target.with_name(f"{target.name}+")
     move_dir(folder, target)

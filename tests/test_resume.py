@@ -190,6 +190,9 @@ def test_a_kept_stage_comes_back_where_its_fingerprint_does(done):
     assert [d.action for d in again] == ["reuse", "reuse", "reuse"] and again[2].kept == kept
     assert find_kept(done, third.dir, "0" * 64) is None
     assert keep(done, done / "stages" / "04-none") is None  # nothing recorded: nothing to keep
+    first = _decide(done)[0]
+    (first.dir / "stage.json").write_text("{")  # unreadable: what it holds is not judged, so it is kept
+    assert keep(done, first.dir) == done / "kept" / "01-sft@unreadable" and not first.dir.exists()
 
 
 def test_a_trained_but_unscored_stage_is_scored_without_retraining_what_follows(done):
