@@ -9,7 +9,7 @@ offers (flash_attention_2 if flash-attn is installed, else flex_attention); then
 activation offloading on (peak memory, and the loss against offloading off); then a DPO step of the 135M
 shape. Without CUDA it runs a one-minute variant (a tiny shape, length 128) so CI keeps it working.
 
-Every run is the pipeline's: `stages.sft.sft_args` / `training.common_args`, `load_model` (fp32 master weights, bf16
+Every run is the pipeline's: `stages.sft.sft_args` / `stages.dpo.dpo_args`, `load_model` (fp32 master weights, bf16
 autocast) and `fit` (telemetry). tokens/s counts trained tokens over compute time (step begin to end);
 MFU (pipeline.train.flops) takes the attention term at the mean document length, since packed documents do not
 attend to each other; peak memory is `torch.cuda.max_memory_allocated`.
@@ -29,10 +29,10 @@ import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from trl import DPOConfig, DPOTrainer, SFTTrainer
+from trl import DPOTrainer, SFTTrainer
 
 from pipeline.settings import ModelConfig
-from pipeline.stages import sft
+from pipeline.stages import dpo, sft
 from pipeline.stages.dpo import DpoSettings as DpoConfig
 from pipeline.stages.sft import SftSettings as TrainConfig
 from pipeline.train import trainer as training
@@ -110,7 +110,8 @@ def dpo_row(path: Path, tok, length: int, work: Path) -> dict:
     """Seconds per DPO step (sigmoid loss, reference log-probs on the fly), prompt and answers length/2 words."""
     stage = OmegaConf.structured(DpoConfig(mixture="random", max_steps=STEPS, logging_steps=1, save_steps=10_000,
                                            per_device_train_batch_size=2, max_length=length,
-                                           gradient_checkpointing=False, warmup_ratio=0))
+                                           gradient_checkpointing=False, warmup_ratio=0, beta=0.1,
+                                           precompute_ref_log_probs=False))
     model_cfg = OmegaConf.structured(ModelConfig(name_or_path=str(path)))
     rng = random.Random(0)
 
@@ -119,8 +120,7 @@ def dpo_row(path: Path, tok, length: int, work: Path) -> dict:
 
     pairs = datasets.Dataset.from_list([{"prompt": text(length // 2), "chosen": text(length // 2),
                                          "rejected": text(length // 2)} for _ in range(2 * STEPS + 4)])
-    args = DPOConfig(**training.common_args(stage, work / "work", 0, model_cfg.precision), beta=0.1,
-                     precompute_ref_log_probs=False)
+    args = dpo.dpo_args(stage, work / "work", 0, model_cfg.precision)
     trainer = DPOTrainer(model=load_model(path, model_cfg), ref_model=None, args=args, train_dataset=pairs,
                          processing_class=tok)
     m = training.fit(trainer, tok, work, nonfinite_limit=0)
