@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -140,7 +141,9 @@ def test_processes_started_shielded_survive_the_stop_signals_and_the_run_still_g
     with preempt.shielded():
         child = ctx.Process(target=_wait_then_report, args=(queue,))
         child.start()
-        os.kill(os.getpid(), signal.SIGUSR1)  # arrives while blocked: delivered when the block ends
+        # to this thread, which blocks it: delivered when the block ends (a process-directed signal could go at once
+        # to a thread an earlier test's library left running, which does not block it)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
         assert preempt.requested() is None
     assert preempt.requested() == "SIGUSR1"
     pid = queue.get(timeout=60)
