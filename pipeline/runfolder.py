@@ -458,6 +458,12 @@ class StageRecord:
         return (self.eval or {}).get("metrics", {})
 
     @property
+    def kind(self) -> str | None:
+        """The stage kind that trained it: its config's `kind` (a section such as `sft_long`), else its section's
+        name (`stage`), which is the kind's own."""
+        return (self.config or {}).get("kind") or self.stage
+
+    @property
     def selected(self) -> str | None:
         """The id of the sweep candidate this stage selected (None: not a sweep)."""
         return (self.metrics or {}).get("selected")

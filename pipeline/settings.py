@@ -296,7 +296,7 @@ SCHEDULE = ("learning_rate", "max_steps", "num_train_epochs", "per_device_train_
             "gradient_accumulation_steps")  # what every kind's report shows of its settings
 
 
-def reported(config: dict, kind: str) -> dict:
+def reported(config: dict, kind: str | None) -> dict:
     """The settings the leaderboard and model cards show of a stage's recorded `config` (of kind `kind`): the
     schedule (`SCHEDULE`), its kind's own (`StageKind.report_keys`) and a LoRA rank; unset ones (None, -1) left
     out."""

@@ -39,7 +39,7 @@ def _paired(prefix: str, paired: dict | None) -> dict:
 
 def _hyper(config: dict, record: StageRecord) -> dict:
     """The settings a row shows (`settings.reported`), a list (DPO's losses) joined with `+`."""
-    shown = reported(config, (record.config or {}).get("kind") or record.stage)
+    shown = reported(config, record.kind)
     return {k: "+".join(map(str, v)) if isinstance(v, list) else v for k, v in shown.items()}
 
 

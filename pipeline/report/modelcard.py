@@ -39,7 +39,7 @@ def _num(value) -> str:
 
 
 def _hyper(config: dict, record: StageRecord) -> str:
-    shown = reported(config, (record.config or {}).get("kind") or record.stage)
+    shown = reported(config, record.kind)
     return ", ".join(f"{k}={_num(v)}" for k, v in shown.items())
 
 
