@@ -104,7 +104,8 @@ def push_uploads(todo: list[Upload], pushed: dict, record: Path, root: Path) -> 
     of this run's pushes so far is not started: the run stops as on a signal (exit 75), and the requeued job pushes
     what is left."""
     for item in todo:
-        left, need = preempt.job_time_left(), upload_seconds(item.size, pushed)
+        size = item.size
+        left, need = preempt.job_time_left(), upload_seconds(size, pushed)
         if left is not None and need is not None and left < need:
             preempt.stop(f"the job's time limit is nearer than a push ({max(left, 0):.0f} s left, {item.target} "
                          f"would take about {need:.0f} s)")
@@ -113,7 +114,7 @@ def push_uploads(todo: list[Upload], pushed: dict, record: Path, root: Path) -> 
         t0 = time.monotonic()
         commit = upload(item)
         pushed[item.target] = {"key": item.key, "model": stored_path(item.folder, root), "commit": commit,
-                               "bytes": item.size, "seconds": round(time.monotonic() - t0, 3)}
+                               "bytes": size, "seconds": round(time.monotonic() - t0, 3)}
         write_json(record, pushed)
         log.info("pushed: %s", commit)
 
