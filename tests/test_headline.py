@@ -62,7 +62,9 @@ def run(tmp_path) -> Path:
     _stage(dpo, {"gsm_val": sft, "gsm": [1] * 29 + [0] * 11}, stage="dpo", index=2,
            input_model="runs/demo/stages/01-sft/model", output_model="runs/demo/stages/02-dpo/model",
            wall_time_s=200.0, config={"sweep": {"beta": [0.5, 2.0], "learning_rate": [1e-5]}},
-           metrics={"candidates": table, "selected": "beta2-lr1e-05", "selected_by": VAL, "selection_problems": n // 2})
+           metrics={"candidates": table, "selected": "beta2-lr1e-05", "selected_by": VAL, "selection_problems": n // 2,
+                    "diagnostics": {"prompts": 400, "k": 4, "pass1": 0.4, "passk": 0.65, "usable": 0.45,
+                                    "usable_what": "a right and a wrong answer", "margin": [0.0, 0.11]}})
     return run
 
 
@@ -123,6 +125,8 @@ def test_markdown_has_the_title_a_short_table_sentences_and_the_sweep_apart(run)
     assert all(line.count(" | ") <= 7 for line in tables)  # at most 8 columns
     assert "- sft on test: +0.750 [" in md and "### 02-dpo: sweep" in md
     assert "| beta2-lr1e-05 (selected) | 2 | 1e-05 | 0.750 |" in md
+    assert ("- why dpo: input pass@1 0.40, pass@4 0.65 on 400 training prompts; 45% gave a right and a wrong answer; "
+            "margin 0.00 -> 0.11\n") in md
 
 
 def test_csv_and_json_are_flat_and_typed(run, tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pipeline.evaluation import stats
 from pipeline.evaluation.power import binary, measure
+from pipeline.rl import diagnostics
 from pipeline.runfolder import BASE, RunPaths, StageRecord, candidates, eval_dir, input_stage, recall, stage_folders
 
 COLUMNS = ("checkpoint", "validation", "test", "test strict / flexible / answers stopped",
@@ -64,7 +65,7 @@ def stage_row(folder: Path, record: StageRecord, validation: str | None, test: s
            "test": record.scores().get(test), "gate": (record.gate or {}).get("verdict"),
            "gate_metric": (record.gate or {}).get("metric"), "sight": (record.gate or {}).get("sight"),
            "train_s": record.wall_time_s,
-           "formats": formats(record.scores(), test)}
+           "formats": formats(record.scores(), test), "diagnostics": (record.metrics or {}).get("diagnostics")}
     source = earlier = input_stage(folder) if folder.name != BASE and row["test"] is not None else None
     while earlier is not None and test not in StageRecord.read(earlier).scores():
         earlier = input_stage(earlier) if earlier.name != BASE else None  # its input was not scored on test
@@ -177,6 +178,13 @@ def sentence(row: dict) -> str | None:
     return f"{row['stage']} on test{versus}: {stats.describe(p)}: {verdict}"
 
 
+def sentences(h: Headline) -> list[str]:
+    """The headline's sentences: each stage's change on test, then why each preference or RL stage moved as it did
+    (`pipeline.rl.diagnostics`)."""
+    return [*filter(None, map(sentence, h.rows)),
+            *(f"why {s}" for r in h.rows if (s := diagnostics.sentence(r["stage"], r.get("diagnostics") or {})))]
+
+
 def sweep_table(rows: list[dict]) -> tuple[tuple[str, ...], list[list[str]]]:
     """A sweep's candidate rows as a table: the candidate, its swept settings, then the `SWEEP_COLUMNS`."""
     keys = list(rows[0]["settings"]) if rows else []
@@ -209,7 +217,7 @@ def markdown(h: Headline) -> str:
     lines = [f"## {title(h)}", "", f"{named}; \u0394 test: paired difference to the stage's input on the same test "
              "problems (to the last checkpoint before it scored on test when its input was not).", "",
              *_table(COLUMNS, [cells(r) for r in h.rows]), ""]
-    lines += [f"- {s}" for s in map(sentence, h.rows) if s]
+    lines += [f"- {s}" for s in sentences(h)]
     lines += [f"- the gate of {r['stage']} cannot see what it judges: {r['sight']['blind']}; it "
               f"{r['sight']['text']}" for r in h.rows if (r.get("sight") or {}).get("blind")]
     for stage, sweep in h.sweeps.items():

@@ -163,7 +163,7 @@ def _headline_html(h: headline.Headline) -> str:
            f"<p>validation: <code>{html.escape(str(h.validation))}</code>; test: <code>{html.escape(str(h.test))}"
            "</code>; \u0394 test: paired difference to the stage's input on the same test problems.</p>",
            _html_table(headline.COLUMNS, [headline.cells(r) for r in h.rows], marks),
-           "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in map(headline.sentence, h.rows) if s) + "</ul>"]
+           "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in headline.sentences(h)) + "</ul>"]
     for stage, sweep in h.sweeps.items():
         out += [f"<h3>{html.escape(stage)}: sweep (selected on the selection half of validation; the gate judges the "
                 "other half)</h3>",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
+from pipeline.rl import diagnostics
 from pipeline.settings import Data, MergeConfig, SoupConfig, StageKind, StageSettings, arg, data_source
 
 log = logging.getLogger("pipeline")
@@ -265,4 +266,6 @@ def run(ctx: Any) -> dict:
             pairs = with_reference(ctx, tok, pairs, shared)
     log.info("candidate %s: training (beta %g, lr %g) on %d pairs", ctx.out_dir.name, ctx.stage.beta,
              ctx.stage.learning_rate, len(pairs))
-    return train_candidate(ctx, tok, pairs)
+    metrics = train_candidate(ctx, tok, pairs)
+    on_policy = json.loads(ctx.on_policy_stats.read_text()) if ctx.on_policy_stats.is_file() else None
+    return {**metrics, "diagnostics": diagnostics.dpo(on_policy, metrics, ctx.stage.beta)}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.rl import diagnostics
 from pipeline.settings import arg
 from pipeline.stages.ppo import Rl, RlSettings
 
@@ -69,9 +70,11 @@ def run(ctx: Any) -> dict:
     data = load_prompts(stage, cfg, "grpo")
     score = reward_function(stage, ctx.stage_dir, cfg.model)
 
+    groups = diagnostics.GroupRecorder(score)
+
     def reward(prompts, completions, answer=None, **_) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return score(prompts, texts, answer if answer is not None else [""] * len(texts))
+        return groups(prompts, texts, answer if answer is not None else [""] * len(texts))
 
     reward.__name__ = f"{stage.reward.rpartition(':')[2]}_reward"  # TRL logs rewards/<name>
     args = grpo_args(stage, ctx.work_dir, cfg.seed, cfg.model.precision, cfg)
@@ -89,4 +92,5 @@ def run(ctx: Any) -> dict:
         after = greedy_reward(trained, tok, heldout, stage.max_new_tokens)
     log.info("grpo: held-out greedy reward %s -> %s; training reward %s at the last logged step", figure(before),
              figure(after), figure(rewards[-1][1]) if rewards else "-")
-    return {**metrics, "rewards": rewards, "heldout_reward_before": before, "heldout_reward_after": after}
+    return {**metrics, "rewards": rewards, "heldout_reward_before": before, "heldout_reward_after": after,
+            "diagnostics": diagnostics.grpo(groups.start(), metrics)}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError
+from pipeline.rl import diagnostics
 from pipeline.settings import StageKind, StageSettings, arg
 
 if TYPE_CHECKING:
@@ -215,4 +216,4 @@ def run(ctx: Any) -> dict:
              ", ".join(f"{k} {figure(v)}" for k, v in summary.items()))
     return {**metrics, "heldout_reward_before": before, "heldout_reward_after": after,
             "heldout_prompts": len(heldout), "last_updates": summary, "world_size": accelerator.num_processes,
-            "value_model": str(ctx.value_model_dir)}
+            "value_model": str(ctx.value_model_dir), "diagnostics": diagnostics.ppo(loop.history)}

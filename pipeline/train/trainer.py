@@ -112,6 +112,11 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
     return result, resume
 
 
+# what a preference or RL trainer logs that explains it (first and last values: `pipeline.rl.diagnostics`): DPO's
+# rewards/ and logps/, GRPO's reward, KL, completion length and share of groups with one reward
+TRACKED = ("rewards/", "logps/", "reward", "kl", "completions/mean_length", "frac_reward_zero_std", "entropy")
+
+
 def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int, matmul_precision: str = "highest") -> dict:
     """Train (resuming from the last complete checkpoint in the trainer's output folder), save a full checkpoint
     to `out_dir/model` atomically, and return the training metrics. The intermediate checkpoints (`work/`) stay
@@ -136,7 +141,8 @@ def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int, matmul_prec
     if tele["mfu"] is not None and tele["mfu"] < MFU_ALERT:
         log.warning("%s: MFU %.1f%% is under %.0f%% (compute %.1f s, data wait %.1f s, saving %.1f s)", out_dir.name,
                     100 * tele["mfu"], 100 * MFU_ALERT, tele["compute_s"], tele["data_wait_s"], tele["save_s"])
-    logged = {k: v for h in history for k, v in h.items() if k.startswith(("rewards/", "logps/"))}
+    logged = [(k, v) for h in history for k, v in h.items() if k.startswith(TRACKED) and isinstance(v, int | float)]
+    first = dict(reversed(logged))
     return {
         "steps": trainer.state.global_step,
         "loss_first": losses[0][1] if losses else None,
@@ -152,7 +158,7 @@ def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int, matmul_prec
         "wall_time_s": round(time.time() - started, 2),
         **parallelism(trainer.accelerator),
         **tele,
-        **({"last_logged": logged} if logged else {}),
+        **({"first_logged": first, "last_logged": dict(logged)} if logged else {}),
     }
 
 
