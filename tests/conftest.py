@@ -30,7 +30,7 @@ FAST = [
     # one eval task (the 50 test problems) keeps every scoring step short; tests/test_eval.py scores the
     # recipe's validation task and gates on it
     "tiny.validation_examples=50", "eval.tasks=[tiny_gsm]",
-    *(f"{s}.gate.metric=tiny_gsm/exact_match,strict-match" for s in ("sft", "midtrain", "dpo", "ppo")),
+    *(f"{s}.gate.metric=tiny_gsm/exact_match,strict-match" for s in ("sft", "midtrain", "dpo", "ppo", "grpo")),
 ]
 
 

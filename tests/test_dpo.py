@@ -282,3 +282,16 @@ def test_shared_reference_log_probs_give_the_losses_of_a_per_step_reference(shar
     # float32 log-probs summed over a batch padded differently: agree to about 1e-5 relative to logps of ~100
     assert shared["last_logged"]["rewards/margins"] == pytest.approx(per_step["last_logged"]["rewards/margins"],
                                                                     abs=1e-4)
+
+
+def test_each_trained_candidate_records_why_it_moved(sweep_run):
+    """The on-policy sampling's pass rates and usable share, and the candidate's margins at its first and last step."""
+    run, _, _ = sweep_run
+    sampled = json.loads((run / "stages/03-dpo/on_policy_stats.json").read_text())
+    for beta, lr in ((0.05, "1e-05"), (0.05, "0.001"), (0.2, "1e-05"), (0.2, "0.001")):
+        metrics = json.loads((run / f"stages/03-dpo/candidates/beta{beta}-lr{lr}/stage.json").read_text())["metrics"]
+        diag = metrics["diagnostics"]
+        assert diag["prompts"] == sampled["prompts"] == 24 and diag["pass1"] == sampled["correct_rate"]
+        assert diag["passk"] == 1 - sampled["all_wrong"] / 24 and 0 <= diag["usable"] <= 1
+        assert diag["margin"] == [metrics["first_logged"]["rewards/margins"], metrics["last_logged"]["rewards/margins"]]
+        assert diag["log_ratio_chosen"] == pytest.approx(metrics["last_logged"]["rewards/chosen"] / beta)

@@ -270,6 +270,11 @@ def test_ppo_and_grpo_stages_with_the_verifiable_reward(tmp_path, cache_dir):
     assert ppo["steps"] == 2 and ppo["heldout_reward_before"] is not None and ppo["heldout_reward_after"] is not None
     grpo = json.loads((tmp_path / "tiny/stages/03-grpo/stage.json").read_text())["metrics"]
     assert grpo["steps"] == 2 and grpo["rewards"]
+    why = grpo["diagnostics"]  # the first step's 1 prompt x 4 samples (a quarter of 2 steps, at least one)
+    assert why["prompts"] == 1 and why["k"] == 4 and 0 <= why["pass1"] <= why["passk"] <= 1
+    assert len(why["reward"]) == 2 and len(why["answer_length"]) == 2
+    assert set(ppo["diagnostics"]) == {"reward", "kl", "answer_length"}
+    assert "- why grpo: input pass@1" in (tmp_path / "tiny/leaderboard.md").read_text()
 
 
 if __name__ == "__main__":
