@@ -57,7 +57,8 @@ class Fakes:
         _save(ctx.out_dir / "model", self.weights[cand])
         self.trained.append(cand)
         return {"steps": 5, "loss_last": self.weights[cand], "beta": ctx.stage.beta,
-                "learning_rate": ctx.stage.learning_rate}
+                "learning_rate": ctx.stage.learning_rate,
+                "diagnostics": {"pass1": 0.5, "margin": [0.0, self.weights[cand]]}}  # the samples', its own
 
     def evaluate(self, model: Path, out: Path) -> dict:
         self.scored.append(model.parent.name)
@@ -120,6 +121,7 @@ def test_every_candidate_is_trained_with_its_settings_scored_and_the_best_select
     assert [(row["candidate"], row[METRIC]) for row in m["candidates"]] == [(IDS[0], -81), (IDS[1], -1),
                                                                           (IDS[2], -4), (IDS[3], -36)]
     assert m["loss_last"] == 9 and trained.eval == {"metrics": {METRIC: -1}}  # the selected candidate's
+    assert m["diagnostics"] == {"pass1": 0.5, "margin": [0.0, 9]}
     assert _weight(ctx.stage_dir / "model") == 9
 
 
@@ -222,8 +224,10 @@ def test_the_soup_averages_the_best_candidates_and_can_win(tmp_path):
     m = trained.metrics
     assert m["selected"] == "soup" and [row["candidate"] for row in m["candidates"]] == [*IDS, "soup"]
     assert _weight(ctx.stage_dir / "model") == 10
-    # the soup was not trained: no candidate's training figures are reported as the selected model's
+    # the soup was not trained: no candidate's training figures are reported as the selected model's; the figures
+    # every candidate shares (its diagnostics' pass rates of the samples they all trained on) are
     assert not {"steps", "loss_last", "beta", "learning_rate"} & set(m)
+    assert m["diagnostics"] == {"pass1": 0.5}
 
 
 def test_a_soup_tied_with_the_best_candidate_loses_to_it(tmp_path):

@@ -301,10 +301,19 @@ def run(ctx: StageContext, inputs: str, cands: list[dict], train: Train, scorer:
                  "noise; set %s.gate.tie_break to a second metric (a continuous one) to decide", ", ".join(alike),
                  selected.candidate, ctx.name)
     metrics = {**(selected.metrics or {}), "selected": selected.candidate,  # a soup or merge trained nothing
+               "diagnostics": (selected.metrics or {}).get("diagnostics") or shared_diagnostics(candidates),
                "selected_by": metric or None, "tie_rule": tie_rule(metric, tie_break), "picked": picked,
                "candidates": table,
                "selection_problems": half[1] if half else None}
     return Trained(metrics, selected.eval, _trained_with(ctx, selected))
+
+
+def shared_diagnostics(candidates: list[StageRecord]) -> dict | None:
+    """What every trained candidate's `diagnostics` (`pipeline.rl.diagnostics`) agree on: the stage's own figures (a
+    soup or merge, which trained nothing, has the pass rates of the samples every candidate trained on, not a margin of
+    its own); None without any."""
+    found = [d for r in candidates if (d := (r.metrics or {}).get("diagnostics"))]
+    return {k: v for k, v in found[0].items() if all(d.get(k) == v for d in found)} if found else None
 
 
 def _trained_with(ctx: StageContext, selected: StageRecord) -> dict:
