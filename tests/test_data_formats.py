@@ -175,8 +175,9 @@ def test_rows_are_normalised_as_trl_trains_them(tmp_path):
 
 
 def test_gsm8k_from_the_hub_with_a_column_map_gives_rl_prompts(tmp_path):
-    cfg = load_config(["recipe=tiny", f"hub_mirror={FIXTURES}", "stages=[grpo]", "grpo.data=openai/gsm8k@main:test",
-                       "grpo.data_columns={prompt: question, answer: answer}", f"output_root={tmp_path}"])
+    cfg = load_config(["recipe=tiny", f"hub_mirror={FIXTURES}", "stages=[grpo]", "grpo.mixture=",
+                       "grpo.data=openai/gsm8k@main:test", "grpo.data_columns={prompt: question, answer: answer}",
+                       f"output_root={tmp_path}"])
     rows = preflight.stage_rows(cfg)["grpo"]
     assert rows[0][0] == "openai/gsm8k[main/test] row 1" and "####" in rows[0][1]["answer"]
     assert load_spec(data_source(cfg.grpo)).sources[0].hub == "openai/gsm8k"

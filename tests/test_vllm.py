@@ -134,7 +134,7 @@ def test_ppo_on_vllm_is_refused_with_the_reason():
 def test_grpo_on_vllm_uses_trls_colocated_engine(tmp_path):
     def args(backend: str, *more: str):
         cfg = load_config(["recipe=tiny", "stages=[sft,grpo]", "grpo.mixture=tiny_rl", f"grpo.backend={backend}",
-                           "grpo.per_device_train_batch_size=4", *more])
+                           "grpo.per_device_train_batch_size=4", "grpo.num_generations=4", *more])
         return grpo_args(cfg.grpo, tmp_path, 0, "fp32", cfg)
 
     assert args("vllm").use_vllm and args("vllm").vllm_mode == "colocate" and not args("vllm").trust_remote_code
