@@ -15,39 +15,44 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def pass_rates(groups: Sequence[Sequence[float]]) -> dict:
-    """pass@1 (the share of right samples), pass@k (the share of prompts with a right one among their k) and the
-    share of prompts whose samples' scores vary, over groups of scores of k samples per prompt (1 or more: right)."""
+def pass_rates(groups: Sequence[Sequence[float]], verified: bool = True) -> dict:
+    """Over groups of scores of k samples per prompt: the share of prompts whose samples' scores vary and, for a
+    verifier's scores (`verified`: 1 or more is right), pass@1 (the share of right samples) and pass@k (the share of
+    prompts with a right one among their k)."""
     groups = [list(g) for g in groups if g]
-    samples = sum(len(g) for g in groups)
     if not groups:
         return {"prompts": 0}
-    return {"prompts": len(groups), "k": max(len(g) for g in groups),
-            "pass1": sum(s >= 1 for g in groups for s in g) / samples,
-            "passk": sum(any(s >= 1 for s in g) for g in groups) / len(groups),
-            "varied": sum(max(g) > min(g) for g in groups) / len(groups)}
+    out = {"prompts": len(groups), "k": max(len(g) for g in groups),
+           "varied": sum(max(g) > min(g) for g in groups) / len(groups)}
+    if verified:
+        out["pass1"] = sum(s >= 1 for g in groups for s in g) / sum(len(g) for g in groups)
+        out["passk"] = sum(any(s >= 1 for s in g) for g in groups) / len(groups)
+    return out
 
 
 class GroupRecorder:
     """Wraps a reward function `fn(prompts, completions, answers) -> scores` of TRL's GRPOTrainer and keeps each call's
-    scores by prompt group (TRL samples a prompt's generations together), so `pass_rates` can read the start."""
+    scores by prompt group (TRL scores a generation batch at a time, each prompt's generations together), so
+    `pass_rates` can read the start. `bonus`: what the reward adds to a verifier's score (`format_reward`), taken off
+    before judging right and wrong; None for a reward that is no verifier (a reward model)."""
 
-    def __init__(self, score: Callable[..., list[float]]) -> None:
-        self.score = score
+    def __init__(self, score: Callable[..., list[float]], bonus: float | None = 0.0) -> None:
+        self.score, self.bonus = score, bonus
         self.calls: list[list[list[float]]] = []
 
     def __call__(self, prompts: list, completions: list, answers: list) -> list[float]:
         scores = self.score(prompts, completions, answers)
         groups: dict[str, list[float]] = {}
         for prompt, value in zip(prompts, scores, strict=True):
-            groups.setdefault(repr(prompt), []).append(float(value))
+            groups.setdefault(repr(prompt), []).append(float(value) - (self.bonus or 0.0))
         self.calls.append(list(groups.values()))
         return scores
 
     def start(self, share: float = 0.25) -> dict:
-        """`pass_rates` of the first `share` of the calls (at least one): the input model's, or nearly."""
+        """`pass_rates` of the first `share` of the generation batches scored (at least one): the input model's
+        samples, or nearly (this process's share of them)."""
         n = max(1, round(len(self.calls) * share))
-        return {**pass_rates([g for call in self.calls[:n] for g in call]), "steps": n}
+        return {**pass_rates([g for call in self.calls[:n] for g in call], self.bonus is not None), "batches": n}
 
 
 def dpo(on_policy: dict | None, metrics: dict, beta: float) -> dict:
@@ -58,7 +63,7 @@ def dpo(on_policy: dict | None, metrics: dict, beta: float) -> dict:
     if on_policy:
         prompts, k = on_policy["prompts"], on_policy["samples"] // max(on_policy["prompts"], 1)
         own = on_policy["pairs"] - on_policy.get("reference_pairs", 0)
-        out.update(prompts=prompts, k=k, pass1=on_policy["correct_rate"],
+        out.update(prompts=prompts, k=k, pass1=on_policy["correct_rate"] if prompts else None,
                    passk=1 - on_policy["all_wrong"] / prompts if prompts else None,
                    usable=own / prompts if prompts else None, usable_what="a right and a wrong answer",
                    answer_tokens=on_policy["generated_tokens"] / on_policy["samples"]
@@ -79,9 +84,9 @@ def grpo(groups: dict, metrics: dict) -> dict:
     first, last = metrics.get("first_logged") or {}, metrics.get("last_logged") or {}
     out: dict[str, Any] = {}
     if groups.get("prompts"):
-        out.update(prompts=groups["prompts"], k=groups["k"], pass1=groups["pass1"], passk=groups["passk"],
-                   usable=groups["varied"], usable_what="rewards that vary", measured_on=f"its first "
-                   f"{groups['steps']} step(s)")
+        out.update(prompts=groups["prompts"], k=groups["k"], pass1=groups.get("pass1"), passk=groups.get("passk"),
+                   usable=groups["varied"], usable_what="rewards that vary",
+                   measured_on=f"its first {groups['batches']} generation batch(es)")
     for name, key in (("reward", "reward"), ("kl", "kl"), ("answer_length", "completions/mean_length")):
         if key in last:
             out[name] = [first[key], last[key]]
@@ -111,7 +116,7 @@ def sentence(stage: str, diag: dict) -> str | None:
     if not diag:
         return None
     parts = []
-    if diag.get("pass1") is not None:
+    if diag.get("pass1") is not None and diag.get("passk") is not None:
         where = f" ({diag['measured_on']})" if diag.get("measured_on") else ""
         parts.append(f"input pass@1 {diag['pass1']:.2f}, pass@{diag['k']} {diag['passk']:.2f} on "
                      f"{diag['prompts']} training prompts{where}")

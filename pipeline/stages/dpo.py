@@ -267,5 +267,6 @@ def run(ctx: Any) -> dict:
     log.info("candidate %s: training (beta %g, lr %g) on %d pairs", ctx.out_dir.name, ctx.stage.beta,
              ctx.stage.learning_rate, len(pairs))
     metrics = train_candidate(ctx, tok, pairs)
-    on_policy = json.loads(ctx.on_policy_stats.read_text()) if ctx.on_policy_stats.is_file() else None
+    stats = ctx.on_policy_stats
+    on_policy = json.loads(stats.read_text()) if ctx.stage.on_policy.enabled and stats.is_file() else None
     return {**metrics, "diagnostics": diagnostics.dpo(on_policy, metrics, ctx.stage.beta)}

@@ -70,7 +70,7 @@ def run(ctx: Any) -> dict:
     data = load_prompts(stage, cfg, "grpo")
     score = reward_function(stage, ctx.stage_dir, cfg.model)
 
-    groups = diagnostics.GroupRecorder(score)
+    groups = diagnostics.GroupRecorder(score, None if stage.reward == "model" else stage.format_reward)
 
     def reward(prompts, completions, answer=None, **_) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
