@@ -1,6 +1,6 @@
 """Does each stage of the tiny chain make the model better, at more than one seed?
 
-    python bench/stage_gains.py --seeds 3 [--out /tmp/stage_gains] [extra overrides ...]
+    python bench/stage_gains.py --seeds 3 [--first-seed 0] [--out /tmp/stage_gains] [extra overrides ...]
 
 Runs `smol-pipeline recipe=tiny seed=S` (pipeline/launch.py) once per seed (0, 1, ...), each in a fresh folder
 (base pretraining included; the synthetic data, and so the held-out test problems, stay those of `tiny.seed`), then
@@ -64,11 +64,12 @@ def run_seed(seed: int, out: Path, overrides: list[str]) -> tuple[list[dict], fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, first-seed + 1, ...")
     parser.add_argument("--out", type=Path, default=Path("/tmp/stage_gains"))
     args, overrides = parser.parse_known_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         changes, wall = run_seed(seed, args.out, overrides)
         results[seed] = {"wall_s": round(wall, 1), "stages": changes}
         for c in changes:
