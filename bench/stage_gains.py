@@ -4,10 +4,9 @@
 
 Runs `smol-pipeline recipe=tiny seed=S` (pipeline/launch.py) once per seed (0, 1, ...), each in a fresh folder
 (base pretraining included; the synthetic data, and so the held-out test problems, stay those of `tiny.seed`), then
-prints for each
-stage and seed its change on the test problems against its input: accuracy before and after, problems gained and
-lost, and the McNemar mid-p (two-sided), and per stage in how many seeds the gain was significant (mid-p < 0.05,
-more problems gained than lost). Last, the whole result as JSON.
+prints for each stage and seed its change on the test problems against its input: accuracy before and after,
+problems gained and lost, and the McNemar mid-p (two-sided), and per stage in how many seeds the gain was
+significant (mid-p < 0.05, more problems gained than lost). Last, the whole result as JSON.
 """
 
 from __future__ import annotations

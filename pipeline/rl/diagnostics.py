@@ -111,8 +111,8 @@ def _pair(name: str, values: Any, digits: int = 2) -> str | None:
 
 
 def sentence(stage: str, diag: dict) -> str | None:
-    """`dpo: input pass@1 0.40, pass@4 0.65 on 400 prompts; 45% gave a right and a wrong answer; margin 0.00 -> 0.11;
-    ...`, or None without diagnostics."""
+    """`dpo: input pass@1 0.40, pass@4 0.65 on 400 training prompts; 45% gave a right and a wrong answer; margin 0.00
+    -> 0.11; ...`, or None without diagnostics."""
     if not diag:
         return None
     parts = []

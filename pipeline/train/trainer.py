@@ -113,8 +113,8 @@ def _train(trainer: Any, tok: Any, out_dir: Path, telemetry: Telemetry) -> tuple
 
 
 # what a preference or RL trainer logs that explains it (first and last values: `pipeline.rl.diagnostics`): DPO's
-# rewards/ and logps/, GRPO's reward, KL, completion length and share of groups with one reward
-TRACKED = ("rewards/", "logps/", "reward", "kl", "completions/mean_length", "frac_reward_zero_std", "entropy")
+# rewards/ and logps/, GRPO's reward, KL and completion length
+TRACKED = ("rewards/", "logps/", "reward", "kl", "completions/mean_length")
 
 
 def fit(trainer: Any, tok: Any, out_dir: Path, nonfinite_limit: int, matmul_precision: str = "highest") -> dict:
